@@ -1,0 +1,1 @@
+"""The in-process agent: the only part of memscope that imports torch."""

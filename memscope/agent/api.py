@@ -1,0 +1,78 @@
+"""The Python API behind ``memscope.start/stop/step/profile``: one agent per process."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from memscope.agent.config import ENV_DB, AgentOptions
+from memscope.agent.runtime import Agent
+from memscope.store.runs import create_run, default_db_path, prepare_path
+
+_agent: Agent | None = None
+_lock = threading.Lock()
+
+
+def current() -> Agent | None:
+    return _agent if _agent is not None and _agent.running else None
+
+
+def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
+    global _agent
+    with _lock:
+        if _agent is not None and _agent.running:
+            return _agent
+        opts = AgentOptions.from_mapping(options)
+        path = db or default_db_path(sys.argv)
+        prepare_path(path, force)
+        create_run(path, [sys.executable, *sys.argv])
+        _agent = Agent(path, opts, owns_run=True)
+        _agent.start()
+        atexit.register(stop)
+        return _agent
+
+
+def start_from_env() -> Agent:
+    """Start the agent ``memscope attach`` asked for: the supervisor made the run file."""
+    global _agent
+    with _lock:
+        if _agent is not None and _agent.running:
+            return _agent
+        _agent = Agent(os.environ[ENV_DB], AgentOptions.from_env(), owns_run=False)
+        _agent.start()
+        atexit.register(stop)
+        return _agent
+
+
+def stop() -> None:
+    with _lock:
+        if _agent is not None:
+            _agent.stop()
+
+
+def step() -> None:
+    agent = _agent
+    if agent is not None:
+        agent.step()
+
+
+@contextmanager
+def profile(db: str | None = None, **options: Any) -> Iterator[Agent]:
+    agent = start(db, **options)
+    try:
+        yield agent
+    finally:
+        if agent.owns_run:
+            stop()
+
+
+def _after_fork_in_child() -> None:
+    if _agent is not None:
+        _agent.disable_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,47 @@
+"""Agent options: from keyword arguments (``memscope.start``) or the environment (``attach``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+ENV_DB = "MEMSCOPE_DB"
+ENV_OPTIONS = "MEMSCOPE_OPTIONS"  # JSON object of AgentOptions fields
+ENV_SKIP_CHILD_OF = "MEMSCOPE_SKIP_CHILD_OF"  # pid of a launcher's parent: its direct child is a launcher
+ENV_PATH = "MEMSCOPE_PATH"  # where the memscope package lives, for a Python that cannot import it
+
+
+@dataclass
+class AgentOptions:
+    sample_hz: float = 20.0
+    nvml_interval: float = 1.0  # seconds; NVML is slow and takes a driver lock
+    nvml: bool = True
+    queue_size: int = 20000
+    flush_interval: float = 0.25
+
+    def validate(self) -> "AgentOptions":
+        if not 0.1 <= self.sample_hz <= 1000:
+            raise ValueError(f"sample_hz must be between 0.1 and 1000, not {self.sample_hz}")
+        if self.nvml_interval < 0.1:
+            raise ValueError(f"nvml_interval must be at least 0.1 s, not {self.nvml_interval}")
+        if self.queue_size < 100:
+            raise ValueError("queue_size must be at least 100")
+        return self
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> "AgentOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown memscope option(s): {', '.join(sorted(unknown))}")
+        return cls(**values).validate()
+
+    @classmethod
+    def from_env(cls) -> "AgentOptions":
+        raw = os.environ.get(ENV_OPTIONS)
+        return cls.from_mapping(json.loads(raw)) if raw else cls()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)

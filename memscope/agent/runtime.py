@@ -1,0 +1,219 @@
+"""The agent: everything memscope runs inside the training process, wired together.
+
+Rules it keeps (DESIGN.md section 5): it never raises into the training, a failing collector
+disables itself and leaves an event in the run file, it keeps no reference to a tensor, and the
+training thread only ever enqueues rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import psutil
+import torch
+
+from memscope.agent import cuda
+from memscope.agent.config import AgentOptions
+from memscope.agent.sampler import SamplerThread, StepPeak, rss_high_water_mark
+from memscope.agent.steps import StepTracker
+from memscope.store.runs import finish_run, register_process
+from memscope.store.writer import BUSY_TIMEOUT_S, RunWriter
+
+_DEVICE_RESCAN_S = 1.0
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+class Agent:
+    def __init__(self, db: str, options: AgentOptions, owns_run: bool) -> None:
+        self.db = db
+        self.options = options
+        self.owns_run = owns_run  # memscope.start() created the run file; attach's supervisor did not
+        self.proc_id: int | None = None
+        self.running = False
+        self.samples = 0
+        self.device = "cpu"
+        self._lock = threading.Lock()
+        self._process = psutil.Process()
+        self._writer = RunWriter(db, options.queue_size, options.flush_interval)
+        self._tracker = StepTracker(self._on_step_close)
+        self._sampler = SamplerThread(options.sample_hz, self._tick, self._sampler_failed)
+        self._rss_peak = StepPeak(rss_high_water_mark())
+        self._cuda_enabled = True
+        self._cuda_devices: list[int] = []
+        self._cuda_peaks: dict[int, tuple[StepPeak, StepPeak]] = {}
+        self._cuda_scanned = 0.0
+        self._nvml: cuda.Nvml | None = None
+        self._nvml_enabled = options.nvml
+        self._nvml_last = 0.0
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.proc_id = register_process(self.db, {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "rank": _env_int("RANK"),
+            "local_rank": _env_int("LOCAL_RANK"),
+            "world_size": _env_int("WORLD_SIZE"),
+            "argv": json.dumps(sys.argv),
+            "device": "cpu",
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "options": self.options.to_json(),
+            "started": time.time(),
+            "status": "running",
+        })
+        self._writer.start()
+        self._tracker.install()
+        self.running = True
+        self._tick()  # a first sample at t0, before any training
+        self._sampler.start()
+
+    def stop(self) -> None:
+        """Remove hooks, flush, and record how this process ended. Idempotent."""
+        if not self.running:
+            return
+        self._tracker.remove()
+        self._sampler.stop()
+        try:
+            self._tick()  # the last sample
+        except Exception:
+            pass
+        self.running = False
+        self._writer.close()
+        if self._nvml is not None:
+            self._nvml.close()
+        self._finish_process_row()
+        if self.owns_run:
+            finish_run(self.db, exit_code=None, signal=None, status="finished")
+
+    def disable_after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): inherited hooks become no-ops; no threads
+        exist here and none are started."""
+        self.running = False
+        self._tracker.enabled = False
+
+    def step(self) -> None:
+        if self.running:
+            self._tracker.manual_step()
+
+    @property
+    def current_step(self) -> int:
+        return self._tracker.step
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        """One sample of every enabled collector (sampler thread, and at step boundaries)."""
+        if not self.running:
+            return
+        t = time.time()
+        rss = self._process.memory_info().rss
+        with self._lock:
+            self._rss_peak.observe(rss)
+            step = self._tracker.step
+        if self._writer.insert("samples", {"proc": self.proc_id, "t": t, "step": step,
+                                           "phase": self._tracker.phase, "rss": rss}):
+            self.samples += 1
+        if self._cuda_enabled:
+            self._guard("cuda", self._tick_cuda, t)
+        if self._nvml_enabled and self._cuda_devices and t - self._nvml_last >= self.options.nvml_interval:
+            self._nvml_last = t
+            self._guard("nvml", self._tick_nvml, t)
+
+    def _tick_cuda(self, t: float) -> None:
+        if t - self._cuda_scanned >= _DEVICE_RESCAN_S:
+            self._cuda_scanned = t
+            devices = cuda.cuda_devices_in_use()
+            if devices and not self._cuda_devices:
+                self.device = "cuda" if len(devices) > 1 else f"cuda:{devices[0]}"
+                self._writer.execute("UPDATE processes SET device = ? WHERE id = ?",
+                                     (self.device, self.proc_id))
+            self._cuda_devices = devices
+        for index in self._cuda_devices:
+            stats = cuda.read_device_stats(index)
+            with self._lock:
+                if index not in self._cuda_peaks:
+                    self._cuda_peaks[index] = (StepPeak(stats["allocated_peak"]),
+                                               StepPeak(stats["reserved_peak"]))
+                alloc_peak, reserved_peak = self._cuda_peaks[index]
+                alloc_peak.observe(stats["allocated"])
+                reserved_peak.observe(stats["reserved"])
+            self._writer.insert("cuda_samples", {"proc": self.proc_id, "t": t, "device": index, **stats})
+
+    def _tick_nvml(self, t: float) -> None:
+        if self._nvml is None:
+            self._nvml = cuda.Nvml()
+        for index in self._cuda_devices:
+            used, total = self._nvml.memory(index)
+            self._writer.insert("nvml_samples", {"proc": self.proc_id, "t": t, "device": index,
+                                                 "used": used, "total": total})
+
+    def _guard(self, name: str, fn: Any, t: float) -> None:
+        try:
+            fn(t)
+        except Exception as exc:
+            setattr(self, f"_{name}_enabled", False)
+            self.event("collector_disabled", f"{name}: {type(exc).__name__}: {exc}")
+
+    def _sampler_failed(self, exc: BaseException) -> None:
+        self.event("collector_disabled",
+                   f"sampler: {type(exc).__name__}: {exc}",
+                   {"traceback": traceback.format_exception(exc)[-3:]})
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _on_step_close(self, step: int, start: float, end: float) -> None:
+        self._tick()
+        hwm = rss_high_water_mark()
+        rss_now = self._process.memory_info().rss
+        with self._lock:
+            peak_rss = self._rss_peak.close(hwm, rss_now)
+            peak_alloc = peak_reserved = None
+            for index, (alloc, reserved) in self._cuda_peaks.items():
+                try:
+                    stats = cuda.read_device_stats(index)
+                except Exception:
+                    continue
+                peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
+                peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
+        self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
+                                      "peak_rss": peak_rss, "peak_allocated": peak_alloc,
+                                      "peak_reserved": peak_reserved, "status": "ok"})
+
+    # -- events and the final row --------------------------------------------------------------
+
+    def event(self, kind: str, message: str, data: Any = None) -> None:
+        self._writer.insert("events", {"proc": self.proc_id, "t": time.time(),
+                                       "step": self._tracker.step, "kind": kind,
+                                       "message": message,
+                                       "data": json.dumps(data) if data is not None else None})
+
+    def _finish_process_row(self) -> None:
+        try:
+            conn = sqlite3.connect(self.db, timeout=BUSY_TIMEOUT_S)
+            with conn:
+                conn.execute(
+                    "UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
+                    " step_mode = ?, device = ? WHERE id = ?",
+                    (time.time(), self.samples, self._writer.dropped, self._tracker.mode,
+                     self.device, self.proc_id),
+                )
+            conn.close()
+        except sqlite3.Error:
+            pass  # the supervisor marks a process that never said goodbye as lost

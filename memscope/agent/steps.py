@@ -1,0 +1,135 @@
+"""Step boundaries, found without touching the training script.
+
+Three modes, chosen as the run shows itself:
+
+* ``optimizer``: a step ends when the *clock* optimizer's ``step()`` returns. The clock is the
+  first optimizer that steps; with several (a GAN's D and G) the others step inside the clock's
+  steps, so the count is one per iteration. If the clock is garbage collected, the next
+  optimizer to step becomes the clock.
+* ``backward``: no optimizer exists when the first backward finishes (parameters updated by
+  hand): a step is a forward under grad mode and its backward, and ends when the outermost
+  ``torch.autograd.backward`` returns. Evaluation under ``no_grad`` has no backward: no step.
+* ``manual``: the script called ``memscope.step()``; automatic detection is then off.
+
+Hooks: the global optimizer step pre/post hooks, and a thin wrapper around
+``torch.autograd.backward`` (``Tensor.backward`` calls it). Neither touches a tensor.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+
+CloseFn = Callable[[int, float, float], None]
+
+
+class StepTracker:
+    def __init__(self, on_close: CloseFn) -> None:
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self.step = 0  # the step in progress; also the number of completed steps
+        self.step_start = time.time()
+        self.mode: str | None = None
+        self.phase = "other"
+        self._clock: weakref.ReferenceType[Any] | None = None
+        self._backward_depth = threading.local()
+        self._handles: list[Any] = []
+        self._orig_backward: Callable[..., Any] | None = None
+        self.enabled = True
+
+    # -- install / remove ----------------------------------------------------------------------
+
+    def install(self) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self._handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
+        self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
+        orig = torch.autograd.backward
+        self._orig_backward = orig
+        tracker = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if not tracker.enabled:
+                return orig(*args, **kwargs)
+            depth = getattr(tracker._backward_depth, "n", 0)
+            tracker._backward_depth.n = depth + 1
+            prev_phase, tracker.phase = tracker.phase, "backward"
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                tracker._backward_depth.n = depth
+                tracker.phase = prev_phase
+                if depth == 0:
+                    tracker._after_backward()
+
+        backward.__wrapped__ = orig  # type: ignore[attr-defined]
+        backward.__doc__ = orig.__doc__
+        torch.autograd.backward = backward  # type: ignore[assignment]
+
+    def remove(self) -> None:
+        self.enabled = False
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._orig_backward is not None and getattr(torch.autograd.backward, "__wrapped__", None) is self._orig_backward:
+            torch.autograd.backward = self._orig_backward  # type: ignore[assignment]
+        self._orig_backward = None
+
+    # -- events --------------------------------------------------------------------------------
+
+    def manual_step(self) -> None:
+        with self._lock:
+            self.mode = "manual"
+            self._close(time.time())
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.phase = "optimizer"
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.phase = "other"
+        if not self.enabled:
+            return
+        with self._lock:
+            if self.mode == "manual":
+                return
+            self.mode = "optimizer"
+            clock = self._clock() if self._clock is not None else None
+            if clock is None:
+                self._clock = weakref.ref(optimizer)
+                clock = optimizer
+            if clock is optimizer:
+                self._close(time.time())
+
+    def _after_backward(self) -> None:
+        with self._lock:
+            if self.mode is None:
+                # Decided once: an optimizer that exists now will step and mark the steps.
+                self.mode = "optimizer" if _any_optimizer_alive() else "backward"
+            if self.mode == "backward":
+                self._close(time.time())
+
+    def _close(self, end: float) -> None:
+        step, start = self.step, self.step_start
+        self.step += 1
+        self.step_start = end
+        try:
+            self._on_close(step, start, end)
+        except Exception:
+            pass  # the recorder must never break the training step
+
+
+def _any_optimizer_alive() -> bool:
+    # One gc walk, once per run, only for scripts that have not stepped an optimizer before
+    # their first backward finished.
+    # type() rather than isinstance(): isinstance falls back to ``o.__class__``, which some lazy
+    # module proxies answer with a deprecation warning.
+    optimizer = torch.optim.Optimizer
+    return any(issubclass(type(o), optimizer) for o in gc.get_objects())

@@ -1,0 +1,99 @@
+"""``memscope attach``: run a training command unchanged, recorded into a run file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from memscope.agent.config import AgentOptions
+from memscope.analysis.summary import summarize
+from memscope.cli.errors import CliError
+from memscope.report.text import render_headless
+from memscope.store.reader import RunReader
+from memscope.store.runs import create_run, default_db_path, finish_run, prepare_path
+from memscope.supervisor import LaunchError, child_environment, resolve, run_child
+
+HELP = "run a training script or command with the memscope agent"
+USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
+         "       memscope attach [OPTIONS] -m MODULE [ARGS...]\n"
+         "       memscope attach [OPTIONS] -- COMMAND [ARGS...]")
+_TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval"}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.usage = USAGE
+    parser.add_argument("--db", metavar="PATH",
+                        help="run file to write (default: memscope-<script>-<time>.db here)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing run file")
+    parser.add_argument("--headless", action="store_true",
+                        help="no dashboard; print a one-line summary when the run ends")
+    parser.add_argument("--sample-hz", type=float, default=AgentOptions.sample_hz, metavar="HZ",
+                        help="memory samples per second (default %(default)s)")
+    parser.add_argument("--nvml-interval", type=float, default=AgentOptions.nvml_interval,
+                        metavar="S", help="seconds between NVML device readings (default %(default)s)")
+    parser.add_argument("--no-nvml", action="store_true", help="never call NVML")
+
+
+def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Split attach's own options from the command: everything from the script name, ``-m``
+    or ``--`` on belongs to the command, untouched."""
+    options: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return options, list(argv[i + 1:])
+        if token == "-m":
+            if i + 1 >= len(argv):
+                raise CliError("attach: -m needs a module name")
+            return options, [sys.executable, "-m", *argv[i + 1:]]
+        if token.startswith("-") and token != "-":
+            options.append(token)
+            if token in _TAKES_VALUE and i + 1 < len(argv):
+                options.append(argv[i + 1])
+                i += 1
+            i += 1
+            continue
+        script = token
+        if not os.path.exists(script):
+            raise CliError(f"attach: no such script: {script}")
+        if os.path.isdir(script) and not os.path.exists(os.path.join(script, "__main__.py")):
+            raise CliError(f"attach: {script} is a directory without __main__.py")
+        return options, [sys.executable, *argv[i:]]
+    return options, None
+
+
+def main(argv: Sequence[str]) -> int:
+    from memscope.cli import _Parser  # the one-line-error parser
+
+    parser = _Parser(prog="memscope attach")
+    register(parser)
+    option_words, command = split(argv)
+    args = parser.parse_args(option_words)
+    if command is None:
+        raise CliError("attach: give a script, -m MODULE, or -- COMMAND")
+    try:
+        options = AgentOptions(sample_hz=args.sample_hz, nvml_interval=args.nvml_interval,
+                               nvml=not args.no_nvml).validate()
+        command = resolve(command)
+    except (ValueError, LaunchError) as exc:
+        raise CliError(f"attach: {exc}") from None
+
+    db = args.db or default_db_path(command)
+    prepare_path(db, args.force)
+    shown = [os.path.basename(command[0]) if command[0] == sys.executable else command[0], *command[1:]]
+    create_run(db, shown)
+    try:
+        child = run_child(command, child_environment(db, options.to_json(), command))
+    except LaunchError as exc:
+        finish_run(db, exit_code=127, signal=None)
+        raise CliError(f"attach: {exc}") from None
+    finish_run(db, child.exit_code, child.signal, ended=child.ended)
+
+    with RunReader(db) as reader:
+        print(render_headless(summarize(reader)), file=sys.stderr)
+    if not args.headless and sys.stdout.isatty():
+        print(f"memscope: explore it with: memscope report {db}", file=sys.stderr)
+    return child.status

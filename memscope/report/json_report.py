@@ -1,0 +1,43 @@
+"""``memscope report --json``: the ``memscope.report/1`` document of DESIGN.md section 4."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memscope.analysis.summary import RunSummary, summarize
+from memscope.report.format import iso
+from memscope.store.reader import RunReader
+
+SCHEMA = "memscope.report/1"
+
+
+def build_report(reader: RunReader) -> dict[str, Any]:
+    return report_from_summary(summarize(reader))
+
+
+def report_from_summary(s: RunSummary) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "run": {
+            "command": s.command,
+            "exit_code": s.exit_code,
+            "signal": s.signal,
+            "device": s.device,
+            "torch": s.torch,
+            "steps": s.steps,
+            "samples": s.samples,
+            "started": iso(s.started),
+            "ended": iso(s.ended),
+        },
+        "peak": {
+            "bytes": s.peak.bytes,
+            "step": s.peak.step,
+            "breakdown": s.peak.breakdown,
+        },
+        # Filled by later capabilities (layer attribution, leak detection, OOM post-mortem,
+        # suggestions); present now so consumers can rely on the keys.
+        "hotspots": [],
+        "leaks": [],
+        "oom": None,
+        "suggestions": [],
+    }

@@ -1,0 +1,182 @@
+"""Run-file schema and migrations.
+
+The run file is the contract between the agent (writer) and every reader. Its version lives in
+``PRAGMA user_version``; each migration moves a file one version up and is recorded in the
+``migrations`` table so a file says how it got to where it is.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
+
+
+class RunFileError(Exception):
+    """A run file that cannot be used: missing, not a run, corrupt or too new."""
+
+
+_V1 = """
+CREATE TABLE run (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    command TEXT NOT NULL,          -- JSON list, as the user typed it
+    cwd TEXT,
+    host TEXT,
+    memscope_version TEXT,
+    started REAL NOT NULL,          -- unix seconds
+    ended REAL,
+    exit_code INTEGER,
+    signal INTEGER,
+    status TEXT NOT NULL            -- running | finished | failed | killed
+);
+CREATE TABLE processes (
+    id INTEGER PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    host TEXT,
+    rank INTEGER,
+    local_rank INTEGER,
+    world_size INTEGER,
+    argv TEXT,                      -- JSON list
+    device TEXT,                    -- cpu | cuda | cuda:N
+    torch TEXT,
+    python TEXT,
+    options TEXT,                   -- JSON of the agent's options
+    started REAL NOT NULL,
+    ended REAL,
+    status TEXT NOT NULL,           -- running | stopped | lost
+    step_mode TEXT,                 -- optimizer | backward | manual
+    samples INTEGER NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE samples (
+    proc INTEGER NOT NULL,
+    t REAL NOT NULL,
+    step INTEGER NOT NULL,          -- the step in progress when sampled
+    phase TEXT,                     -- forward | backward | optimizer | other
+    rss INTEGER NOT NULL
+);
+CREATE INDEX samples_t ON samples (proc, t);
+CREATE TABLE cuda_samples (
+    proc INTEGER NOT NULL,
+    t REAL NOT NULL,
+    device INTEGER NOT NULL,
+    allocated INTEGER, allocated_peak INTEGER,
+    reserved INTEGER, reserved_peak INTEGER,
+    active INTEGER, active_peak INTEGER,
+    inactive_split INTEGER,
+    alloc_retries INTEGER,
+    ooms INTEGER
+);
+CREATE INDEX cuda_samples_t ON cuda_samples (proc, device, t);
+CREATE TABLE nvml_samples (
+    proc INTEGER NOT NULL,
+    t REAL NOT NULL,
+    device INTEGER NOT NULL,
+    used INTEGER,
+    total INTEGER
+);
+CREATE TABLE steps (
+    proc INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    start REAL NOT NULL,
+    end REAL NOT NULL,
+    peak_rss INTEGER,               -- highest RSS seen in the step (exact when it set a new high-water mark)
+    peak_allocated INTEGER,         -- CUDA: highest allocated bytes in the step, summed over devices
+    peak_reserved INTEGER,
+    status TEXT NOT NULL DEFAULT 'ok',
+    PRIMARY KEY (proc, step)
+);
+CREATE TABLE events (
+    proc INTEGER,
+    t REAL NOT NULL,
+    step INTEGER,
+    kind TEXT NOT NULL,             -- collector_disabled | warning | ...
+    message TEXT,
+    data TEXT                       -- JSON
+);
+CREATE TABLE migrations (
+    version INTEGER PRIMARY KEY,
+    applied REAL NOT NULL
+);
+"""
+
+
+# MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
+# inside one transaction (executescript would commit half-way).
+MIGRATIONS: list[str] = [_V1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def file_version(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Return (application_id, user_version) of an open database."""
+    app = conn.execute("PRAGMA application_id").fetchone()[0]
+    ver = conn.execute("PRAGMA user_version").fetchone()[0]
+    return app, ver
+
+
+def check_version(conn: sqlite3.Connection, path: str) -> int:
+    """Raise RunFileError unless ``conn`` is a run file this memscope can read."""
+    try:
+        app, ver = file_version(conn)
+        if app == 0 and ver == 0:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if not names:
+                raise RunFileError(f"{path}: empty file, not a memscope run")
+    except sqlite3.DatabaseError as exc:
+        raise RunFileError(f"{path}: not a memscope run file ({exc})") from None
+    if app != APPLICATION_ID:
+        raise RunFileError(f"{path}: an SQLite database, but not a memscope run file")
+    if ver > SCHEMA_VERSION:
+        raise RunFileError(
+            f"{path}: written by a newer memscope (schema {ver}, this one reads up to "
+            f"{SCHEMA_VERSION}); upgrade memscope to read it"
+        )
+    return ver
+
+
+def migrate(conn: sqlite3.Connection, path: str = "run file") -> None:
+    """Bring a writable connection's file to SCHEMA_VERSION (creating it when empty).
+
+    Runs under an immediate transaction so two processes starting at once migrate once.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        app, ver = file_version(conn)
+        if app == 0 and ver == 0:
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise RunFileError(f"{path}: an SQLite database, but not a memscope run file")
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        elif app != APPLICATION_ID:
+            raise RunFileError(f"{path}: an SQLite database, but not a memscope run file")
+        if ver > SCHEMA_VERSION:
+            raise RunFileError(
+                f"{path}: written by a newer memscope (schema {ver} > {SCHEMA_VERSION})"
+            )
+        for target in range(ver, SCHEMA_VERSION):
+            for statement in _split_statements(MIGRATIONS[target]):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO migrations (version, applied) VALUES (?, ?)", (target + 1, time.time())
+            )
+            conn.execute(f"PRAGMA user_version = {target + 1}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _split_statements(script: str) -> list[str]:
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines():
+        line = line.split("--", 1)[0]
+        buf += line + "\n"
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out

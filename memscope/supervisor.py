@@ -1,0 +1,144 @@
+"""The ``attach`` supervisor: start the command with the agent bootstrapped, wait, record.
+
+The child is the user's command, unchanged: same interpreter, argv, working directory and
+``__main__``; memscope reaches it only through the environment (a ``sitecustomize`` first on
+``PYTHONPATH`` plus ``MEMSCOPE_*`` variables).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import memscope
+from memscope.agent.config import ENV_DB, ENV_OPTIONS, ENV_PATH, ENV_SKIP_CHILD_OF
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(memscope.__file__)), "agent", "bootstrap")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_SI_KERNEL = 0x80  # si_code of a signal the kernel sent (a terminal's ^C goes to the whole group)
+_LAUNCHERS = {"torchrun", "torch.distributed.run", "torch.distributed.launch"}
+
+
+class LaunchError(Exception):
+    """The command could not be started (one line for the user)."""
+
+
+@dataclass
+class ChildExit:
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None
+    ended: float
+
+    @property
+    def status(self) -> int:
+        """What memscope exits with: the child's code, or 128 + N for signal N."""
+        return 128 + self.signal if self.signal is not None else (self.exit_code or 0)
+
+
+def is_launcher(command: Sequence[str]) -> bool:
+    """torchrun and friends: their workers are recorded, not the launcher itself."""
+    if not command:
+        return False
+    if os.path.basename(command[0]) in _LAUNCHERS:
+        return True
+    return "-m" in command[:-1] and command[command.index("-m") + 1] in _LAUNCHERS
+
+
+def child_environment(db: str, options_json: str, command: Sequence[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = BOOTSTRAP_DIR + (os.pathsep + existing if existing else "")
+    env[ENV_DB] = os.path.abspath(db)
+    env[ENV_OPTIONS] = options_json
+    env[ENV_PATH] = os.path.dirname(os.path.dirname(os.path.abspath(memscope.__file__)))
+    env["MEMSCOPE_PYTHON"] = "%d.%d" % sys.version_info[:2]
+    if is_launcher(command):
+        env[ENV_SKIP_CHILD_OF] = str(os.getpid())
+    else:
+        env.pop(ENV_SKIP_CHILD_OF, None)
+    return env
+
+
+def resolve(command: Sequence[str]) -> list[str]:
+    """Check the program exists before creating anything; raise LaunchError if not."""
+    if not command:
+        raise LaunchError("no command given")
+    program = command[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise LaunchError(f"no such program: {program}")
+        if not os.access(program, os.X_OK):
+            raise LaunchError(f"not executable: {program}")
+    elif shutil.which(program) is None:
+        raise LaunchError(f"command not found: {program}")
+    return list(command)
+
+
+def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
+    if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
+        return _run_linux(command, env)
+    return _run_portable(command, env)
+
+
+def _run_linux(command: Sequence[str], env: dict[str, str]) -> ChildExit:
+    """Block the signals we care about and collect them with sigtimedwait: we learn who sent
+    each one, so a ^C the terminal already delivered to the child is not delivered twice."""
+    watched = set(_FORWARDED) | {signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    try:
+        try:
+            # The child gets our original mask, and inherits dispositions untouched.
+            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=old_mask)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {command[0]}: {exc.strerror}") from None
+        while True:
+            info = signal.sigtimedwait(watched, 0.5)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if info is not None and info.si_signo != signal.SIGCHLD:
+                if info.si_code != _SI_KERNEL:
+                    try:
+                        os.kill(pid, info.si_signo)
+                    except ProcessLookupError:
+                        pass
+        ended = time.time()
+        # Drain what arrived meanwhile, so unblocking does not raise KeyboardInterrupt here.
+        while signal.sigtimedwait(watched, 0) is not None:
+            pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return _exit_from_status(status, ended)
+
+
+def _run_portable(command: Sequence[str], env: dict[str, str]) -> ChildExit:
+    try:
+        child = subprocess.Popen(list(command), env=env)
+    except OSError as exc:
+        raise LaunchError(f"cannot start {command[0]}: {exc.strerror}") from None
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    # ^C reaches the child from the terminal itself; forward only what was sent to us.
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, forward)}
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    ended = time.time()
+    return ChildExit(None, -code, ended) if code < 0 else ChildExit(code, None, ended)
+
+
+def _exit_from_status(status: int, ended: float) -> ChildExit:
+    if os.WIFSIGNALED(status):
+        return ChildExit(None, os.WTERMSIG(status), ended)
+    return ChildExit(os.WEXITSTATUS(status), None, ended)
