@@ -41,6 +41,7 @@ class StepTracker:
         self._handles: list[Any] = []
         self._orig_backward: Callable[..., Any] | None = None
         self.enabled = True
+        self._activity = False  # a backward or optimizer step happened in the current step
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -87,6 +88,11 @@ class StepTracker:
 
     def manual_step(self) -> None:
         with self._lock:
+            if self.mode not in (None, "manual") and not self._activity:
+                # The first memscope.step() right after an automatic boundary (an optimizer
+                # step just closed this step): adopt manual mode without an empty extra step.
+                self.mode = "manual"
+                return
             self.mode = "manual"
             self._close(time.time())
 
@@ -98,6 +104,7 @@ class StepTracker:
         if not self.enabled:
             return
         with self._lock:
+            self._activity = True
             if self.mode == "manual":
                 return
             self.mode = "optimizer"
@@ -110,6 +117,7 @@ class StepTracker:
 
     def _after_backward(self) -> None:
         with self._lock:
+            self._activity = True
             if self.mode is None:
                 # Decided once: an optimizer that exists now will step and mark the steps.
                 self.mode = "optimizer" if _any_optimizer_alive() else "backward"
@@ -118,6 +126,7 @@ class StepTracker:
 
     def _close(self, end: float) -> None:
         step, start = self.step, self.step_start
+        self._activity = False
         self.step += 1
         self.step_start = end
         try:

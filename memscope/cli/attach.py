@@ -36,19 +36,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-nvml", action="store_true", help="never call NVML")
 
 
-def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None, bool]:
     """Split attach's own options from the command: everything from the script name, ``-m``
-    or ``--`` on belongs to the command, untouched."""
+    or ``--`` on belongs to the command, untouched. A script or module runs under this
+    memscope's own interpreter, the one whose torch the user installed memscope beside;
+    the last value says whether that interpreter was prepended."""
     options: list[str] = []
     i = 0
     while i < len(argv):
         token = argv[i]
         if token == "--":
-            return options, list(argv[i + 1:])
+            return options, list(argv[i + 1:]), False
         if token == "-m":
             if i + 1 >= len(argv):
                 raise CliError("attach: -m needs a module name")
-            return options, [sys.executable, "-m", *argv[i + 1:]]
+            return options, [sys.executable, "-m", *argv[i + 1:]], True
         if token.startswith("-") and token != "-":
             options.append(token)
             if token in _TAKES_VALUE and i + 1 < len(argv):
@@ -61,8 +63,8 @@ def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
             raise CliError(f"attach: no such script: {script}")
         if os.path.isdir(script) and not os.path.exists(os.path.join(script, "__main__.py")):
             raise CliError(f"attach: {script} is a directory without __main__.py")
-        return options, [sys.executable, *argv[i:]]
-    return options, None
+        return options, [sys.executable, *argv[i:]], True
+    return options, None, False
 
 
 def main(argv: Sequence[str]) -> int:
@@ -70,7 +72,7 @@ def main(argv: Sequence[str]) -> int:
 
     parser = _Parser(prog="memscope attach")
     register(parser)
-    option_words, command = split(argv)
+    option_words, command, via_python = split(argv)
     args = parser.parse_args(option_words)
     if command is None:
         raise CliError("attach: give a script, -m MODULE, or -- COMMAND")
@@ -83,7 +85,8 @@ def main(argv: Sequence[str]) -> int:
 
     db = args.db or default_db_path(command)
     prepare_path(db, args.force)
-    shown = [os.path.basename(command[0]) if command[0] == sys.executable else command[0], *command[1:]]
+    # As the user would type it: "python train.py ..." for a script, the command as given after --
+    shown = ["python", *command[1:]] if via_python else list(command)
     create_run(db, shown)
     try:
         child = run_child(command, child_environment(db, options.to_json(), command))

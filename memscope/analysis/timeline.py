@@ -1,0 +1,211 @@
+"""Memory over time, downsampled for display: the timeline the dashboard draws.
+
+Pure functions over a :class:`memscope.store.reader.RunReader`. The downsampling happens in
+SQL (one ``GROUP BY`` over a time bucket, keeping each bucket's maximum), so a run with a
+million samples costs one indexed scan and returns at most ``buckets`` points per series.
+
+Times are seconds since the run started (``run.started``); sizes are bytes.
+
+    with RunReader("run.db") as reader:
+        tl = memory_timeline(reader, buckets=100)
+    tl.primary.label               # "host RSS" on a CPU run, "CUDA allocated" on a GPU run
+    tl.primary.points[:2]          # [(1.42, 237023232), (1.44, 237219840)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memscope.store.reader import RunReader
+
+# metric id -> human label; the first metric present is the timeline's primary one
+METRIC_LABELS: dict[str, str] = {
+    "cuda_allocated": "CUDA allocated",
+    "cuda_reserved": "CUDA reserved",
+    "rss": "host RSS",
+}
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric, one point per non-empty time bucket: (seconds since run start, bytes).
+
+    Each point is the bucket's maximum, dated when that maximum was sampled (for a series
+    summed over several devices: the latest of the devices' dates within the bucket).
+    Points are in increasing time order.
+    """
+
+    metric: str
+    label: str
+    points: list[tuple[float, int]]
+
+    @property
+    def min(self) -> int | None:
+        return min((v for _, v in self.points), default=None)
+
+    @property
+    def max(self) -> int | None:
+        return max((v for _, v in self.points), default=None)
+
+    @property
+    def last(self) -> int | None:
+        return self.points[-1][1] if self.points else None
+
+    def on_grid(self, n: int, t0: float, t1: float) -> list[int]:
+        """The series as ``n`` values evenly spaced over [t0, t1], for drawing.
+
+        Each slot holds the largest point falling in it; an empty slot repeats the value
+        before it (memory stays where it was last seen), or the first value at the start.
+        """
+        if not self.points or n <= 0:
+            return []
+        width = (t1 - t0) / n if t1 > t0 else 1.0
+        slots: list[int | None] = [None] * n
+        for t, v in self.points:
+            i = min(max(int((t - t0) / width), 0), n - 1)
+            current = slots[i]
+            if current is None or v > current:
+                slots[i] = v
+        out: list[int] = []
+        previous = self.points[0][1]
+        for value in slots:
+            if value is not None:
+                previous = value
+            out.append(previous)
+        return out
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """A step boundary pair, in seconds since the run started."""
+
+    step: int
+    start: float
+    end: float
+    status: str
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Memory over time for the run's main process."""
+
+    proc: int | None          # processes.id the series belong to; None for an empty run
+    origin: float | None      # unix time of t = 0 (the run's start)
+    t0: float                 # first sample, seconds since origin
+    t1: float                 # last sample, seconds since origin
+    bucket_s: float           # width of one bucket in seconds
+    samples: int              # rows of ``samples`` the series were built from
+    series: dict[str, Series] = field(default_factory=dict)  # primary metric first
+    steps: list[StepMark] = field(default_factory=list)
+
+    @property
+    def primary(self) -> Series | None:
+        """CUDA allocated bytes when the run used CUDA, else host RSS."""
+        return next(iter(self.series.values()), None)
+
+    @property
+    def duration(self) -> float:
+        return self.t1 - self.t0
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One row of the steps table, with its duration."""
+
+    step: int
+    start: float
+    end: float
+    peak_rss: int | None
+    peak_allocated: int | None
+    peak_reserved: int | None
+    status: str
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+
+def main_process(reader: RunReader) -> int | None:
+    """The process a single-process view shows: rank 0 when ranks exist, else the one with
+    the most samples (ties: the first registered)."""
+    procs = reader.processes()
+    if not procs:
+        return None
+    if len(procs) == 1:
+        return int(procs[0]["id"])
+    ranked = [p for p in procs if p["rank"] == 0]
+    if ranked:
+        return int(ranked[0]["id"])
+    counts = {r["proc"]: r["n"] for r in
+              reader.query("SELECT proc, count(*) AS n FROM samples GROUP BY proc")}
+    best = max(procs, key=lambda p: (counts.get(p["id"], 0), -p["id"]))
+    return int(best["id"])
+
+
+def memory_timeline(reader: RunReader, buckets: int = 200, proc: int | None = None) -> Timeline:
+    """Downsample the main process's memory series to at most ``buckets`` points each.
+
+    Series: ``rss`` (host resident memory, from ``samples``) always; ``cuda_allocated`` and
+    ``cuda_reserved`` (summed over devices) when the process has CUDA samples, and then they
+    come first. Buckets are equal slices of [first sample, last sample] shared by all series.
+    """
+    if buckets < 1:
+        raise ValueError("buckets must be at least 1")
+    if proc is None:
+        proc = main_process(reader)
+    run = reader.run()
+    origin: float | None = run["started"] if run else None
+    if proc is None:
+        return Timeline(None, origin, 0.0, 0.0, 0.0, 0)
+
+    host = reader.query("SELECT min(t) AS lo, max(t) AS hi FROM samples WHERE proc = ?", (proc,))[0]
+    dev = reader.query("SELECT min(t) AS lo, max(t) AS hi FROM cuda_samples WHERE proc = ?", (proc,))[0]
+    lows = [x for x in (host["lo"], dev["lo"]) if x is not None]
+    highs = [x for x in (host["hi"], dev["hi"]) if x is not None]
+    steps = reader.query("SELECT step, start, end, status FROM steps WHERE proc = ? ORDER BY step",
+                         (proc,))
+    if origin is None:
+        origin = min(lows) if lows else (steps[0]["start"] if steps else 0.0)
+    marks = [StepMark(int(s["step"]), s["start"] - origin, s["end"] - origin, s["status"])
+             for s in steps]
+    if not lows:
+        return Timeline(proc, origin, 0.0, 0.0, 0.0, 0, {}, marks)
+
+    lo, hi = min(lows), max(highs)
+    width = (hi - lo) / buckets if hi > lo else 1.0
+    params: dict[str, Any] = {"proc": proc, "lo": lo, "hi": hi, "w": width, "last": buckets - 1}
+    bucket = "min(CAST((t - :lo) / :w AS INTEGER), :last)"
+
+    series: dict[str, Series] = {}
+    if dev["lo"] is not None:
+        for metric, column in (("cuda_allocated", "allocated"), ("cuda_reserved", "reserved")):
+            # per device: the bucket's max and when it was seen (SQLite's bare column with a
+            # single max() aggregate comes from the row holding the max); then summed
+            rows = reader.query(
+                f"SELECT b, max(t) AS t, sum(v) AS v FROM ("
+                f" SELECT device, {bucket} AS b, t, max({column}) AS v FROM cuda_samples"
+                f" WHERE proc = :proc AND t BETWEEN :lo AND :hi AND {column} IS NOT NULL"
+                f" GROUP BY device, b) GROUP BY b ORDER BY b", params)
+            series[metric] = Series(metric, METRIC_LABELS[metric],
+                                    [(r["t"] - origin, int(r["v"])) for r in rows])
+
+    rows = reader.query(
+        f"SELECT {bucket} AS b, t, max(rss) AS v, count(*) AS n FROM samples"
+        f" WHERE proc = :proc AND t BETWEEN :lo AND :hi GROUP BY b ORDER BY b", params)
+    series["rss"] = Series("rss", METRIC_LABELS["rss"], [(r["t"] - origin, int(r["v"])) for r in rows])
+    return Timeline(proc, origin, lo - origin, hi - origin, width if hi > lo else 0.0,
+                    sum(int(r["n"]) for r in rows), series, marks)
+
+
+def recent_steps(reader: RunReader, limit: int = 50, proc: int | None = None) -> list[StepRow]:
+    """The last ``limit`` steps of the main process (or ``proc``), most recent first."""
+    if proc is None:
+        proc = main_process(reader)
+    if proc is None:
+        return []
+    rows = reader.query(
+        "SELECT step, start, end, peak_rss, peak_allocated, peak_reserved, status FROM steps"
+        " WHERE proc = ? ORDER BY step DESC LIMIT ?", (proc, limit))
+    return [StepRow(int(r["step"]), r["start"], r["end"], r["peak_rss"], r["peak_allocated"],
+                    r["peak_reserved"], r["status"]) for r in rows]

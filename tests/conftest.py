@@ -1,0 +1,55 @@
+"""Shared helpers: run the real CLI in a subprocess, read real run files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
+EXAMPLES = ROOT / "examples"
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+def memscope(*args: str, cwd: Path | str = ROOT, env: dict[str, str] | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m memscope ARGS`` as a user would, capturing its output."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "memscope", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def report_json(db: Path | str) -> dict[str, Any]:
+    out = memscope("report", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture
+def run_db(tmp_path: Path) -> Path:
+    return tmp_path / "run.db"

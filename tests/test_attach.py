@@ -1,0 +1,136 @@
+"""``memscope attach`` end to end: real subprocesses, real training, real run files."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, SCRIPTS, memscope, report_json
+
+
+def attach(db: Path, *command: str, **kw: object) -> "subprocess.CompletedProcess[str]":  # noqa: F821
+    return memscope("attach", "--headless", "--db", str(db), *command, **kw)  # type: ignore[arg-type]
+
+
+def test_example_steps_counted_exactly(run_db: Path) -> None:
+    out = attach(run_db, str(EXAMPLES / "tiny_gpt.py"), "--steps", "12", "--eval-every", "4")
+    assert out.returncode == 0, out.stderr
+    report = report_json(run_db)
+    assert report["schema"] == "memscope.report/1"
+    run = report["run"]
+    assert run["steps"] == 12  # three no_grad evaluations are not steps
+    assert run["exit_code"] == 0 and run["signal"] is None
+    assert run["device"] == "cpu"
+    assert run["torch"].startswith("2.")
+    assert run["samples"] >= 12  # at least one sample at every step boundary
+    assert run["command"][1:] == [str(EXAMPLES / "tiny_gpt.py"), "--steps", "12", "--eval-every", "4"]
+    assert run["started"] < run["ended"]
+    peak = report["peak"]
+    with sqlite3.connect(run_db) as conn:
+        max_rss = conn.execute("SELECT max(rss) FROM samples").fetchone()[0]
+        step_ids = [r[0] for r in conn.execute("SELECT step FROM steps ORDER BY step")]
+    assert step_ids == list(range(12))
+    assert peak["bytes"] >= max_rss > 0
+    for key in ("hotspots", "leaks", "suggestions"):
+        assert report[key] == []
+    assert report["oom"] is None
+    # the headless summary names the run file and the steps
+    assert str(run_db) in out.stderr and "12 steps" in out.stderr
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("optimizer", 6), ("backward", 6), ("manual", 6), ("gan", 6), ("accum", 6),
+])
+def test_step_boundaries_by_mode(run_db: Path, mode: str, expected: int) -> None:
+    out = attach(run_db, str(SCRIPTS / "loop.py"), "--mode", mode, "--steps", "6", "--eval-every", "2")
+    assert out.returncode == 0, out.stderr
+    assert report_json(run_db)["run"]["steps"] == expected
+    with sqlite3.connect(run_db) as conn:
+        step_mode = conn.execute("SELECT step_mode FROM processes").fetchone()[0]
+        starts_ends = conn.execute("SELECT start, end FROM steps ORDER BY step").fetchall()
+    assert step_mode == {"gan": "optimizer", "accum": "optimizer"}.get(mode, mode)
+    # steps tile the timeline: each starts where the previous ended, none is empty
+    for (s0, e0), (s1, e1) in zip(starts_ends, starts_ends[1:]):
+        assert e0 == s1 and e1 > s1
+
+
+def test_exit_code_passes_through(run_db: Path) -> None:
+    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2", "--exit", "3")
+    assert out.returncode == 3
+    run = report_json(run_db)["run"]
+    assert run["exit_code"] == 3 and run["steps"] == 2
+
+
+def test_script_sees_what_plain_python_gives_it(tmp_path: Path) -> None:
+    dump = tmp_path / "dump.json"
+    script = str(SCRIPTS / "loop.py")
+    import subprocess
+
+    subprocess.run([sys.executable, script, "--steps", "1", "--dump", str(dump), "x y"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    a = json.loads(dump.read_text())
+    dump.unlink()
+    out = memscope("attach", "--headless", "--db", str(tmp_path / "r.db"), script, "--steps", "1",
+                   "--dump", str(dump), "x y", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    b = json.loads(dump.read_text())
+    assert a["argv"] == b["argv"] and a["path0"] == b["path0"] == str(SCRIPTS)
+    assert a["name"] == b["name"] == "__main__"
+    assert a["cwd"] == b["cwd"] == str(tmp_path)
+
+
+def test_module_mode_and_command_mode(tmp_path: Path) -> None:
+    pkg = tmp_path / "trainpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text((SCRIPTS / "loop.py").read_text())
+    out = memscope("attach", "--headless", "--db", "m.db", "-m", "trainpkg.train", "--steps", "3",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert report_json(tmp_path / "m.db")["run"]["steps"] == 3
+    out = memscope("attach", "--headless", "--db", "c.db", "--", sys.executable,
+                   str(SCRIPTS / "loop.py"), "--steps", "4", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = report_json(tmp_path / "c.db")
+    assert report["run"]["steps"] == 4 and report["run"]["command"][0] == sys.executable
+
+
+def test_users_sitecustomize_still_runs(tmp_path: Path, run_db: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    dump = tmp_path / "dump.json"
+    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2", "--dump", str(dump),
+                 env={"PYTHONPATH": str(site)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(dump.read_text())["sitecustomize_marker"] == "yes"
+    assert report_json(run_db)["run"]["steps"] == 2  # and memscope's own bootstrap ran too
+
+
+@pytest.mark.parametrize("spawn", [False, True])
+def test_dataloader_workers_are_not_instrumented(run_db: Path, spawn: bool) -> None:
+    extra = ["--spawn"] if spawn else []
+    out = attach(run_db, str(SCRIPTS / "loop.py"), "--mode", "backward", "--steps", "5",
+                 "--workers", "2", *extra)
+    assert out.returncode == 0, out.stderr
+    with sqlite3.connect(run_db) as conn:
+        procs = conn.execute("SELECT status FROM processes").fetchall()
+    assert procs == [("stopped",)]
+    assert report_json(run_db)["run"]["steps"] == 5
+
+
+def test_sigkilled_child_still_reports(run_db: Path) -> None:
+    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "10", "--kill-self-at", "4")
+    assert out.returncode == 128 + 9
+    report = report_json(run_db)
+    assert report["run"]["signal"] == 9 and report["run"]["exit_code"] is None
+    assert report["run"]["steps"] == 4
+    text = memscope("report", str(run_db))
+    assert "killed, signal 9" in text.stdout
+    with sqlite3.connect(run_db) as conn:
+        assert conn.execute("SELECT status FROM processes").fetchone()[0] == "lost"
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # one self-contained file
