@@ -134,3 +134,23 @@ def test_sigkilled_child_still_reports(run_db: Path) -> None:
     with sqlite3.connect(run_db) as conn:
         assert conn.execute("SELECT status FROM processes").fetchone()[0] == "lost"
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # one self-contained file
+
+
+def test_torchrun_ranks_recorded_not_the_launcher(run_db: Path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    import socket
+
+    with socket.socket() as s:  # a free port for the rendezvous, on loopback only
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = attach(run_db, "--", str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                 "--master-port", str(port), str(SCRIPTS / "ddp.py"), "--steps", "4")
+    assert out.returncode == 0, out.stderr
+    with sqlite3.connect(run_db) as conn:
+        rows = conn.execute(
+            "SELECT rank, local_rank, world_size, status, (SELECT count(*) FROM steps s WHERE s.proc = p.id)"
+            " FROM processes p ORDER BY rank").fetchall()
+    assert rows == [(0, 0, 2, "stopped", 4), (1, 1, 2, "stopped", 4)]
+    assert report_json(run_db)["run"]["steps"] == 4
