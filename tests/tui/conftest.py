@@ -1,0 +1,61 @@
+"""Fixtures for the dashboard tests: real run files written by ``memscope attach``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# tests/ and tests/tui/ are not packages, so pytest imports both conftest files under the one
+# name "conftest" and the later one replaces the other in sys.modules. Test modules in tests/
+# do `from conftest import ...`; re-export those helpers so that works whichever conftest is
+# current (e.g. `pytest tests/tui tests/test_attach.py`). Hooks and fixtures are not re-exported.
+_spec = importlib.util.spec_from_file_location("_memscope_tests_conftest", ROOT / "tests" / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+_top = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_top)
+EXAMPLES: Path = _top.EXAMPLES
+SCRIPTS: Path = _top.SCRIPTS
+has_cuda = _top.has_cuda
+memscope = _top.memscope
+report_json = _top.report_json
+
+
+def _attach(db: Path, *command: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
+                          *command], cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+                         timeout=300)
+    # fail here, with the agent's words, if the run recorded nothing to show
+    conn = sqlite3.connect(db)
+    try:
+        samples = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
+    finally:
+        conn.close()
+    assert samples > 0, out.stderr
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of examples/tiny_gpt.py (8 steps), shared by the dashboard tests."""
+    db = tmp_path_factory.mktemp("tui") / "run.db"
+    _attach(db, "examples/tiny_gpt.py", "--steps", "8")
+    return db
+
+
+@pytest.fixture(scope="session")
+def tiny_report(tiny_run: Path) -> dict[str, Any]:
+    """``memscope report --json`` of :func:`tiny_run`: what the dashboard must agree with."""
+    out = subprocess.run([sys.executable, "-m", "memscope", "report", str(tiny_run), "--json"],
+                         cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
+    report: dict[str, Any] = json.loads(out.stdout)
+    return report

@@ -1,0 +1,197 @@
+"""The dashboard's overview, driven with Textual's Pilot on real run files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Sparkline, Static
+
+from memscope.analysis.timeline import memory_timeline
+from memscope.report.format import human_bytes
+from memscope.store.reader import RunReader
+from memscope.store.runs import create_run
+from memscope_tui.app import HelpScreen, MemscopeApp, StepRuler
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def wait_until(pilot: Pilot[Any], predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the dashboard did not get there in time"
+        await pilot.pause(0.05)
+
+
+def text_of(app: MemscopeApp, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+async def test_header_shows_the_run(tiny_run: Path, tiny_report: dict[str, Any]) -> None:
+    run = tiny_report["run"]
+    app = MemscopeApp(str(tiny_run))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.pause()
+        command, status, device, peak = (text_of(app, "#command"), text_of(app, "#status"),
+                                         text_of(app, "#device"), text_of(app, "#peak"))
+    assert "tiny_gpt.py --steps 8" in command
+    assert status.startswith("finished (exit 0)")
+    assert f" {run['steps']} steps" in status
+    assert f" {run['samples']} samples" in status and " 0 dropped" in status
+    assert device.startswith(f"{run['device']} · torch {run['torch']}")
+    assert "steps by optimizer" in device
+    assert peak.startswith(f"peak {human_bytes(tiny_report['peak']['bytes'])} host RSS")
+
+
+async def test_steps_table_lists_the_last_steps(tiny_run: Path, tiny_report: dict[str, Any]) -> None:
+    steps = tiny_report["run"]["steps"]
+    app = MemscopeApp(str(tiny_run))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        table = app.query_one("#steps", DataTable)
+        assert table.row_count == min(steps, 50)
+        labels = [str(c.label) for c in table.columns.values()]
+        first = [str(cell) for cell in table.get_row_at(0)]
+        last = [str(cell) for cell in table.get_row_at(table.row_count - 1)]
+    assert labels == ["step", "duration", "peak RSS", "status"]  # CPU run: no CUDA columns
+    assert first[0] == str(steps - 1) and last[0] == "0"  # most recent first
+    assert first[1].endswith(" ms") and first[3] == "ok"
+    with RunReader(tiny_run) as reader:
+        peak_rss = reader.steps(1)[-1]["peak_rss"]
+    assert first[2] == human_bytes(peak_rss)
+
+
+async def test_timeline_shows_host_rss(tiny_run: Path) -> None:
+    with RunReader(tiny_run) as reader:
+        tl = memory_timeline(reader)
+    rss = tl.series["rss"]
+    app = MemscopeApp(str(tiny_run))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.pause()
+        caption = text_of(app, "#caption")
+        data = list(app.query_one("#timeline", Sparkline).data or [])
+        ruler = app.query_one("#ruler", StepRuler)
+        ruler_text = str(ruler.render())
+        spark_region = app.query_one("#timeline", Sparkline).region
+    assert caption.startswith("host RSS")
+    assert f"high {human_bytes(rss.max)}" in caption and f"low {human_bytes(rss.min)}" in caption
+    assert data and max(data) == rss.max and min(data) >= (rss.min or 0)
+    assert spark_region.width >= 70 and spark_region.height >= 3  # readable at 80x24
+    assert ruler_text.startswith(f"{tl.t0:.1f}s") and ruler_text.rstrip().endswith(f"{tl.t1:.1f}s")
+    assert ruler_text.count("╵") >= 1  # step ends marked
+
+
+async def test_q_quits(tiny_run: Path) -> None:
+    app = MemscopeApp(str(tiny_run))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+    assert app.return_code == 0
+
+
+async def test_question_mark_shows_help(tiny_run: Path) -> None:
+    app = MemscopeApp(str(tiny_run))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        body = str(app.screen.query_one("#help-body", Static).render())
+        assert "q        quit" in body and "r        refresh" in body
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+        assert app.is_running
+
+
+async def test_finished_run_is_read_once_and_on_request(tiny_run: Path) -> None:
+    app = MemscopeApp(str(tiny_run), poll_s=0.1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.pause(0.5)
+        assert app.loads == 1 and not app.live  # finished: no polling
+        await pilot.press("r")
+        await wait_until(pilot, lambda: app.loads >= 2)
+        await pilot.press("m")  # a CPU run has one metric: says so, nothing breaks
+        await pilot.pause()
+        assert app.is_running and text_of(app, "#caption").startswith("host RSS")
+
+
+async def test_follows_a_live_run_until_it_ends(tmp_path: Path) -> None:
+    db = tmp_path / "live.db"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
+                             "tests/scripts/loop.py", "--steps", "2000", "--sleep", "0.05"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (db.exists() and _steps(db) >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.1)
+        app = MemscopeApp(str(db), poll_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_until(pilot, lambda: app.loads >= 1)
+            assert app.live and text_of(app, "#status").startswith("running · live")
+            first = app.snapshot
+            assert first is not None
+            await wait_until(pilot, lambda: app.snapshot is not None
+                             and app.snapshot.summary.steps >= first.summary.steps + 3)
+            assert app.loads >= 2
+            table = app.query_one("#steps", DataTable)
+            assert str(table.get_row_at(0)[0]) == str(app.snapshot.steps[0].step)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            await wait_until(pilot, lambda: not app.live)
+            loads = app.loads
+            assert text_of(app, "#status").startswith("killed (signal 15)")
+            await pilot.pause(0.6)
+            assert app.loads == loads  # polling stopped with the run
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _steps(db: Path) -> int:
+    try:
+        with RunReader(db) as reader:
+            return len(reader.steps())
+    except Exception:
+        return 0
+
+
+async def test_run_file_just_created(tmp_path: Path) -> None:
+    # the state right after `memscope attach` created the file: a run row, nothing else yet
+    db = tmp_path / "fresh.db"
+    create_run(str(db), ["python", "train.py"])
+    app = MemscopeApp(str(db), poll_s=0.1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 2)  # running: it keeps polling
+        assert app.live
+        assert text_of(app, "#status").startswith("running · live")
+        assert " 0 steps · 0 samples" in text_of(app, "#status")
+        assert text_of(app, "#caption") == "no memory samples yet"
+        assert app.query_one("#steps", DataTable).row_count == 0
+
+
+async def test_unreadable_file_is_reported_not_fatal(tmp_path: Path) -> None:
+    db = tmp_path / "other.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    app = MemscopeApp(str(db), poll_s=0.1)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await wait_until(pilot, lambda: app.last_error is not None)
+        assert "not a memscope run file" in app.last_error
+        assert app.is_running and app.loads == 0
+        assert text_of(app, "#caption") == "reading run file…"
