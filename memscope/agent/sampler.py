@@ -35,10 +35,11 @@ class StepPeak:
 
     def close(self, high_water: int | None, current: int | None) -> int:
         self.observe(current)
+        peak = self.largest
         if high_water is not None and self.high_water is not None and high_water > self.high_water:
-            peak = high_water
-        else:
-            peak = self.largest
+            # max(): the kernel's RSS counters are batched per thread, so the mark can read a
+            # few hundred KiB under a sample taken moments before
+            peak = max(high_water, peak)
         self.high_water = high_water
         self.largest = current or 0
         return peak
