@@ -20,15 +20,26 @@ class AgentOptions:
     nvml: bool = True
     queue_size: int = 20000
     flush_interval: float = 0.25
+    layers_every: int = 50  # per-layer profiling every N steps (0: never)
+    layers_first: int = 1  # the first profiled step
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
             raise ValueError(f"sample_hz must be between 0.1 and 1000, not {self.sample_hz}")
         if self.nvml_interval < 0.1:
             raise ValueError(f"nvml_interval must be at least 0.1 s, not {self.nvml_interval}")
+        if isinstance(self.layers_every, bool) or not isinstance(self.layers_every, int) or self.layers_every < 0:
+            raise ValueError(f"layers_every must be an integer >= 0, not {self.layers_every!r}")
+        if isinstance(self.layers_first, bool) or not isinstance(self.layers_first, int) or self.layers_first < 0:
+            raise ValueError(f"layers_first must be an integer >= 0, not {self.layers_first!r}")
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self
+
+    def profiles_layers(self, step: int) -> bool:
+        """Whether per-layer profiling runs on ``step``."""
+        return (self.layers_every > 0 and step >= self.layers_first
+                and (step - self.layers_first) % self.layers_every == 0)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> "AgentOptions":

@@ -23,6 +23,7 @@ import torch
 
 from memscope.agent import cuda
 from memscope.agent.config import AgentOptions
+from memscope.agent.layers import LayerProfiler
 from memscope.agent.sampler import SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.steps import StepTracker
 from memscope.store.runs import finish_run, register_process
@@ -60,6 +61,8 @@ class Agent:
         self._nvml: cuda.Nvml | None = None
         self._nvml_enabled = options.nvml
         self._nvml_last = 0.0
+        self._layers_enabled = options.layers_every > 0
+        self._layers = LayerProfiler()
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -83,12 +86,14 @@ class Agent:
         self.running = True
         self._tick()  # a first sample at t0, before any training
         self._sampler.start()
+        self._layers_next(0)
 
     def stop(self) -> None:
         """Remove hooks, flush, and record how this process ended. Idempotent."""
         if not self.running:
             return
         self._tracker.remove()
+        self._layers_stop()
         self._sampler.stop()
         try:
             self._tick()  # the last sample
@@ -107,6 +112,56 @@ class Agent:
         exist here and none are started."""
         self.running = False
         self._tracker.enabled = False
+        self._layers.active = False
+
+    # -- per-layer profiling -------------------------------------------------------------------
+
+    def _layers_next(self, step: int) -> None:
+        """At the boundary before ``step``: install the layer hooks if it is a profiled step."""
+        if not (self._layers_enabled and self.running and self.options.profiles_layers(step)):
+            return
+        try:
+            self._layers.begin(step)
+            if self._layers.saved_hooks_error:
+                self.event("warning", f"layers: saved tensors not measured in step {step}: "
+                                      f"{self._layers.saved_hooks_error}")
+        except Exception as exc:
+            self._layers_failed(exc)
+
+    def _layers_close(self, step: int) -> None:
+        """At the boundary that ends a profiled step: remove the hooks and write its rows."""
+        if not self._layers.active:
+            return
+        try:
+            rows = self._layers.end()
+            if self._layers.step != step:
+                return  # hooks installed for a step that never ran as such
+            for r in rows:
+                self._writer.insert("layer_stats", {
+                    "proc": self.proc_id, "step": step, "module": r.name, "type": r.type,
+                    "calls": r.calls, "saved_bytes": r.saved_bytes,
+                    "saved_tensors": r.saved_tensors, "output_bytes": r.output_bytes,
+                    "forward_s": r.forward_s})
+            if self._layers.saved_hooks_error is None:
+                bd = self._layers.breakdown(list(self._tracker.optimizers))
+                self._writer.insert("step_breakdown", {"proc": self.proc_id, "step": step, **bd})
+        except Exception as exc:
+            self._layers_failed(exc)
+
+    def _layers_stop(self) -> None:
+        try:
+            if self._layers.active:
+                self._layers.end()  # a step cut short: its rows are not written
+        except Exception:
+            pass
+
+    def _layers_failed(self, exc: BaseException) -> None:
+        self._layers_enabled = False
+        try:
+            self._layers.end()
+        except Exception:
+            pass
+        self.event("collector_disabled", f"layers: {type(exc).__name__}: {exc}")
 
     def step(self) -> None:
         if self.running:
@@ -179,6 +234,7 @@ class Agent:
     # -- steps ---------------------------------------------------------------------------------
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
+        self._layers_close(step)
         self._tick()
         hwm = rss_high_water_mark()
         rss_now = self._process.memory_info().rss
@@ -195,6 +251,7 @@ class Agent:
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok"})
+        self._layers_next(step + 1)
 
     # -- events and the final row --------------------------------------------------------------
 

@@ -42,6 +42,7 @@ class StepTracker:
         self._orig_backward: Callable[..., Any] | None = None
         self.enabled = True
         self._activity = False  # a backward or optimizer step happened in the current step
+        self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every optimizer that stepped
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -103,6 +104,10 @@ class StepTracker:
         self.phase = "other"
         if not self.enabled:
             return
+        try:
+            self.optimizers.add(optimizer)
+        except TypeError:
+            pass
         with self._lock:
             self._activity = True
             if self.mode == "manual":

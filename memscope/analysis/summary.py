@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis.hotspots import Hotspot, breakdown_at, choose_step, hotspots, layer_rows, profiled_steps
 from memscope.store.reader import RunReader
 
 
@@ -39,6 +40,9 @@ class RunSummary:
     median_step_s: float | None
     processes: list[dict[str, Any]] = field(default_factory=list)
     peak: Peak = field(default_factory=lambda: Peak(None, None, "rss"))
+    hotspots: list[Hotspot] = field(default_factory=list)
+    hotspot_step: int | None = None  # the profiled step the hotspots come from
+    main_proc: int | None = None  # rank 0, or the process with the most steps
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -51,6 +55,17 @@ def summarize(reader: RunReader) -> RunSummary:
     main = _main_process(procs, steps_by_proc)
     main_steps = steps_by_proc.get(main["id"], []) if main else []
     durations = [s["end"] - s["start"] for s in main_steps if s["status"] == "ok"]
+    peak = find_peak(reader, procs, steps_by_proc)
+    spots: list[Hotspot] = []
+    spot_step = None
+    if main is not None:
+        layer_steps = [st for _, st in profiled_steps(reader, main["id"])]
+        spot_step = choose_step(layer_steps, peak.step if peak.proc in (None, main["id"]) else None)
+        if spot_step is not None:
+            spots = [h for h in hotspots(layer_rows(reader, main["id"], spot_step))
+                     if h.activation_bytes > 0]
+        peak.breakdown = breakdown_at(reader, peak.proc if peak.proc is not None else main["id"],
+                                      peak.step, peak.bytes)
     return RunSummary(
         path=reader.path,
         command=run["command"],
@@ -67,7 +82,10 @@ def summarize(reader: RunReader) -> RunSummary:
         step_mode=main["step_mode"] if main else None,
         median_step_s=statistics.median(durations) if durations else None,
         processes=procs,
-        peak=find_peak(reader, procs, steps_by_proc),
+        peak=peak,
+        hotspots=spots,
+        hotspot_step=spot_step,
+        main_proc=main["id"] if main else None,
     )
 
 

@@ -7,13 +7,14 @@ import sys
 from typing import NoReturn, Sequence
 
 from memscope import __version__
-from memscope.cli import attach, report, tui
+from memscope.cli import attach, layers, report, tui
 from memscope.cli.errors import CliError
 from memscope.store.schema import RunFileError
 
 COMMANDS = {
     "attach": attach,
     "report": report,
+    "layers": layers,
     "tui": tui,
 }
 

@@ -19,7 +19,7 @@ HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
          "       memscope attach [OPTIONS] -m MODULE [ARGS...]\n"
          "       memscope attach [OPTIONS] -- COMMAND [ARGS...]")
-_TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval"}
+_TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nvml-interval", type=float, default=AgentOptions.nvml_interval,
                         metavar="S", help="seconds between NVML device readings (default %(default)s)")
     parser.add_argument("--no-nvml", action="store_true", help="never call NVML")
+    parser.add_argument("--layers-every", type=int, default=AgentOptions.layers_every, metavar="N",
+                        help="per-layer activation profiling every N steps (0: never; default %(default)s)")
+    parser.add_argument("--layers-first", type=int, default=AgentOptions.layers_first, metavar="N",
+                        help="the first profiled step (default %(default)s)")
 
 
 def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None, bool]:
@@ -78,7 +82,8 @@ def main(argv: Sequence[str]) -> int:
         raise CliError("attach: give a script, -m MODULE, or -- COMMAND")
     try:
         options = AgentOptions(sample_hz=args.sample_hz, nvml_interval=args.nvml_interval,
-                               nvml=not args.no_nvml).validate()
+                               nvml=not args.no_nvml, layers_every=args.layers_every,
+                               layers_first=args.layers_first).validate()
         command = resolve(command)
     except (ValueError, LaunchError) as exc:
         raise CliError(f"attach: {exc}") from None

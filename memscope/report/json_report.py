@@ -34,9 +34,10 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
             "step": s.peak.step,
             "breakdown": s.peak.breakdown,
         },
-        # Filled by later capabilities (layer attribution, leak detection, OOM post-mortem,
-        # suggestions); present now so consumers can rely on the keys.
-        "hotspots": [],
+        "hotspots": [{"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
+                      "share": round(h.share, 4)} for h in s.hotspots],
+        # Filled by later capabilities (leak detection, OOM post-mortem, suggestions);
+        # present now so consumers can rely on the keys.
         "leaks": [],
         "oom": None,
         "suggestions": [],

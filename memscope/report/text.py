@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from memscope.analysis.hotspots import Hotspot
 from memscope.analysis.summary import RunSummary
 from memscope.report.format import clock, human_bytes
 
@@ -36,7 +37,37 @@ def render_summary(s: RunSummary) -> str:
     else:
         where = f"at step {s.peak.step}" if s.peak.step is not None else "outside any step"
         lines.append(f"peak      {human_bytes(s.peak.bytes)} {_METRIC.get(s.peak.metric, s.peak.metric)} {where}")
+    if s.peak.breakdown:
+        bd = s.peak.breakdown
+        lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
+                                               for k, v in bd.items()))
+    if s.hotspots:
+        lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
+                     " (memscope layers RUN.db for all modules)")
+        lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
     return "\n".join(lines)
+
+
+_TOP = 8
+
+
+def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str = "") -> str:
+    """A table of hotspots: module, type, activation bytes, share (and output bytes, forward ms)."""
+    head = ["module", "type", "activations", "share"]
+    if with_details:
+        head += ["outputs", "forward ms", "calls"]
+    table = [head]
+    for h in spots:
+        row = [h.module or "(model)", h.type or "-", human_bytes(h.activation_bytes), f"{h.share * 100:.1f}%"]
+        if with_details:
+            row += [human_bytes(h.output_bytes), f"{h.forward_s * 1000:.2f}", str(h.calls)]
+        table.append(row)
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    out = []
+    for r in table:
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append(indent + "  ".join(cells).rstrip())
+    return "\n".join(out)
 
 
 def render_headless(s: RunSummary) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -103,9 +103,34 @@ CREATE TABLE migrations (
 """
 
 
+_V2 = """
+CREATE TABLE layer_stats (
+    proc INTEGER NOT NULL,
+    step INTEGER NOT NULL,          -- a profiled step
+    module TEXT NOT NULL,           -- dotted name from named_modules(); '' is the model itself
+    type TEXT,                      -- the module's class name
+    calls INTEGER NOT NULL,         -- forward calls with grad enabled
+    saved_bytes INTEGER NOT NULL,   -- bytes saved for backward by its own forward code, by storage
+    saved_tensors INTEGER NOT NULL, -- distinct storages behind saved_bytes
+    output_bytes INTEGER NOT NULL,  -- bytes of its tensor outputs, summed over calls
+    forward_s REAL NOT NULL,        -- time in its forward, children included
+    PRIMARY KEY (proc, step, module)
+);
+CREATE TABLE step_breakdown (
+    proc INTEGER NOT NULL,
+    step INTEGER NOT NULL,          -- a profiled step
+    parameters INTEGER,             -- storages of the parameters
+    gradients INTEGER,              -- storages of their .grad at the end of the step
+    optimizer_state INTEGER,        -- tensors in the optimizers' state
+    activations INTEGER,            -- most bytes saved for backward alive at once in the step
+    PRIMARY KEY (proc, step)
+);
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1]
+MIGRATIONS: list[str] = [_V1, _V2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

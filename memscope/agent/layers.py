@@ -1,0 +1,382 @@
+"""Per-layer activation accounting, on profiled steps only.
+
+While a profiled step runs, a :class:`LayerProfiler` has
+
+* global module forward pre/post hooks that keep, per thread, a stack of the modules whose
+  ``forward`` is running (and time each call, count its calls and the bytes of its outputs);
+* a ``torch.autograd.graph.saved_tensors_hooks`` pair entered on the training thread. Its pack
+  hook charges every tensor autograd saves for backward to the module on top of the stack,
+  deduplicated by storage (a storage already saved and still alive counts once, for its first
+  saver). Storages of the parameters and buffers of the models seen are not activations.
+
+The pack hook returns its argument unchanged and keeps only a weak reference to it: the
+reference dies when autograd frees the saved tensor, which also gives the live saved bytes
+(``max_live``, the activations at their peak in the step). Between profiled steps every hook is
+removed, so PyTorch's no-hook fast path returns.
+
+Module names are the dotted names of ``named_modules()`` of the outermost module called with an
+empty stack (a *root*). The first root's names are plain (the root itself is ``""``); later
+distinct roots (a loss module called on its own, say) are prefixed with their class name and
+``":"`` (``"CrossEntropyLoss:"``). Saved tensors packed outside every module go to
+``NO_MODULE``. Forward calls made during backward (checkpoint recomputation) or with grad
+disabled (evaluation) are not counted.
+
+Not measured: backward time per module (it would need global full backward hooks, which wrap
+outputs and can break in-place ops on them).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+NO_MODULE = "<no module>"
+
+
+@dataclass
+class ModuleStats:
+    name: str
+    type: str
+    calls: int = 0
+    saved_bytes: int = 0
+    saved_tensors: int = 0
+    output_bytes: int = 0
+    forward_s: float = 0.0
+
+
+@dataclass
+class _Root:
+    ref: weakref.ReferenceType[Any]
+    target: weakref.ReferenceType[Any]  # the module whose named_modules() names it
+    prefix: str
+    names: dict[int, str] = field(default_factory=dict)
+
+
+def _naming_target(root: Any) -> Any:
+    """``torch.compile(model)`` returns an OptimizedModule wrapping the model: name by the model."""
+    if type(root).__name__ == "OptimizedModule":
+        return getattr(root, "_orig_mod", root)
+    return root
+
+
+def _graph_task_id() -> int:
+    try:
+        return int(torch._C._current_graph_task_id())
+    except Exception:
+        return -1
+
+
+def tensor_tree_bytes(obj: Any, depth: int = 0) -> int:
+    """Bytes of the tensors in ``obj`` (a tensor, or tuples / lists / dicts of them)."""
+    if isinstance(obj, torch.Tensor):
+        try:
+            return obj.numel() * obj.element_size()
+        except Exception:
+            return 0
+    if depth > 4:
+        return 0
+    if isinstance(obj, (tuple, list)):
+        return sum(tensor_tree_bytes(o, depth + 1) for o in obj)
+    if isinstance(obj, dict):
+        return sum(tensor_tree_bytes(o, depth + 1) for o in obj.values())
+    return 0
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return hash(t.device), s.data_ptr()
+
+
+class LayerProfiler:
+    """One profiled step's accounting. ``begin`` and ``end`` run on the training thread."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.step: int | None = None
+        self._handles: list[Any] = []
+        self._saved_ctx: Any = None
+        self._saved_thread: int | None = None
+        self.saved_hooks_error: str | None = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._roots: dict[int, _Root] = {}  # id(root) -> names, kept across steps
+        self._step_roots: set[int] = set()
+        self._param_keys: set[tuple[int, int]] = set()
+        self._stats: dict[tuple[int, int], ModuleStats] = {}  # (id(root), id(module))
+        self._no_module = ModuleStats(NO_MODULE, "")
+        # live saved storages: key -> [alias count, nbytes]; weakrefs keep their callbacks alive
+        self._live: dict[tuple[int, int], list[int]] = {}
+        self._refs: set[weakref.ReferenceType[Any]] = set()
+        self.live_bytes = 0
+        self.max_live = 0
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def begin(self, step: int) -> None:
+        self.step = step
+        self._stats = {}
+        self._no_module = ModuleStats(NO_MODULE, "")
+        self._step_roots = set()
+        self._param_keys = set()
+        self._live = {}
+        self._refs = set()
+        self.live_bytes = self.max_live = 0
+        self._local = threading.local()
+        self.saved_hooks_error = None
+        self.active = True
+        self._handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
+        try:
+            self._handles.append(_nn_module.register_module_forward_hook(self._post, always_call=True))
+        except TypeError:  # an older torch without always_call
+            self._handles.append(_nn_module.register_module_forward_hook(self._post))
+        try:
+            if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+                # The script's own hooks (save_on_cpu, say) are active: pushing ours on top
+                # would switch theirs off. Count calls and outputs only.
+                self.saved_hooks_error = "the script has its own saved-tensors hooks active"
+            else:
+                ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+                ctx.__enter__()
+                self._saved_ctx = ctx
+                self._saved_thread = threading.get_ident()
+        except Exception as exc:
+            self.saved_hooks_error = f"{type(exc).__name__}: {exc}"
+
+    def end(self) -> list[ModuleStats]:
+        """Remove every hook and return the step's per-module rows (most saved bytes first)."""
+        self.active = False
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+        if self._saved_ctx is not None:
+            if self._saved_thread == threading.get_ident():
+                try:
+                    self._saved_ctx.__exit__(None, None, None)
+                except Exception:
+                    pass
+            # else: another thread cannot pop the training thread's hook; ours stays there
+            # inactive (the pack hook returns at once when not active)
+            self._saved_ctx = None
+            self._saved_thread = None
+        rows = self._resolve()
+        self._stats = {}
+        self._live = {}
+        self._refs = set()  # dropping the weakrefs drops their callbacks
+        self._local = threading.local()
+        return rows
+
+    # -- module hooks --------------------------------------------------------------------------
+
+    def _stack(self) -> list[list[Any]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if not self.active:
+            return
+        try:
+            stack = self._stack()
+            # not counted: evaluation without grad, and recomputation inside backward
+            # (activation checkpointing); such calls still keep the stack paired
+            counted = torch.is_grad_enabled() and _graph_task_id() < 0
+            if stack:
+                root_id = stack[0][1]
+                counted = counted and stack[-1][3]
+            else:
+                root_id = id(module)
+                if counted and root_id not in self._step_roots:
+                    self._see_root(module)
+            stack.append([module, root_id, time.perf_counter(), counted])
+        except Exception:
+            pass
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        if not self.active:
+            return
+        try:
+            stack = self._stack()
+            # find the module's frame (a forward that raised may have left frames above it)
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] is module:
+                    break
+            else:
+                return
+            frame = stack[i]
+            del stack[i:]
+            if not frame[3]:
+                return
+            st = self._module_stats(module, frame[1])
+            st.calls += 1
+            st.forward_s += time.perf_counter() - frame[2]
+            st.output_bytes += tensor_tree_bytes(output)
+        except Exception:
+            pass
+
+    def _module_stats(self, module: Any, root_id: int) -> ModuleStats:
+        key = (root_id, id(module))
+        st = self._stats.get(key)
+        if st is None:
+            st = self._stats[key] = ModuleStats("", type(module).__name__)
+        return st
+
+    def _see_root(self, root: Any) -> None:
+        """First sight of a root in this step: its names (once per root) and its parameter and
+        buffer storages (every profiled step: they can move)."""
+        with self._lock:
+            rid = id(root)
+            entry = self._roots.get(rid)
+            if entry is None or entry.ref() is not root:
+                target = _naming_target(root)
+                self._roots = {k: v for k, v in self._roots.items() if v.ref() is not None}
+                same = [r for r in self._roots.values() if r.target() is target]
+                if same:
+                    prefix = same[0].prefix
+                else:
+                    prefix = "" if not self._roots else type(target).__name__ + ":"
+                self._roots[rid] = _Root(weakref.ref(root), weakref.ref(target), prefix)
+            self._step_roots.add(rid)
+            for t in list(root.parameters()) + list(root.buffers()):
+                try:
+                    self._param_keys.add(_storage_key(t))
+                except Exception:
+                    pass
+
+    # -- saved tensors -------------------------------------------------------------------------
+
+    def _pack(self, t: Any) -> Any:
+        if not self.active:
+            return t
+        try:
+            key = _storage_key(t)
+            if key[1] == 0 or key in self._param_keys:
+                return t
+            cb = self._released(key)
+            ref = weakref.ref(t, cb)
+            with self._lock:
+                self._refs.add(ref)
+                entry = self._live.get(key)
+                if entry is not None:
+                    entry[0] += 1
+                    return t
+                nbytes = t.untyped_storage().nbytes()
+                self._live[key] = [1, nbytes]
+                self.live_bytes += nbytes
+                if self.live_bytes > self.max_live:
+                    self.max_live = self.live_bytes
+            stack = self._stack()
+            if stack:
+                frame = stack[-1]
+                st = self._module_stats(frame[0], frame[1])
+            else:
+                st = self._no_module
+            st.saved_bytes += nbytes
+            st.saved_tensors += 1
+        except Exception:
+            pass
+        return t
+
+    def _released(self, key: tuple[int, int]) -> Callable[[Any], None]:
+        def callback(ref: Any) -> None:
+            try:
+                with self._lock:
+                    self._refs.discard(ref)
+                    entry = self._live.get(key)
+                    if entry is None:
+                        return
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        del self._live[key]
+                        self.live_bytes -= entry[1]
+            except Exception:
+                pass
+        return callback
+
+    # -- names ---------------------------------------------------------------------------------
+
+    def _resolve(self) -> list[ModuleStats]:
+        rows: list[ModuleStats] = []
+        for (root_id, mod_id), st in self._stats.items():
+            entry = self._roots.get(root_id)
+            root = entry.ref() if entry is not None else None
+            target = entry.target() if entry is not None else None
+            name = None
+            if entry is not None and root is not None and target is not None:
+                name = entry.names.get(mod_id)
+                if name is None:  # first time, or a module added since: (re)compute once
+                    try:
+                        entry.names = {id(m): n for n, m in target.named_modules()}
+                        entry.names[id(root)] = ""
+                    except Exception:
+                        entry.names = {}
+                    name = entry.names.get(mod_id)
+                if name is not None:
+                    name = entry.prefix + name if entry.prefix else name
+                    if entry.prefix and name.endswith(":"):
+                        name = name[:-1]
+            st.name = name if name is not None else f"<{st.type}>"
+            rows.append(st)
+        if self._no_module.saved_tensors:
+            rows.append(self._no_module)
+        # one row per name (a module reached through two roots, say)
+        merged: dict[str, ModuleStats] = {}
+        for st in rows:
+            m = merged.get(st.name)
+            if m is None:
+                merged[st.name] = st
+            else:
+                m.calls += st.calls
+                m.saved_bytes += st.saved_bytes
+                m.saved_tensors += st.saved_tensors
+                m.output_bytes += st.output_bytes
+                m.forward_s += st.forward_s
+        return sorted(merged.values(), key=lambda s: (-s.saved_bytes, s.name))
+
+    def breakdown(self, optimizers: list[Any]) -> dict[str, int]:
+        """Parameters, gradients and optimizer state of the roots and optimizers seen, by unique
+        storage, and the step's activations at their peak (``max_live``)."""
+        seen: set[tuple[int, int]] = set()
+
+        def add(t: Any) -> int:
+            if not isinstance(t, torch.Tensor):
+                return 0
+            try:
+                key = _storage_key(t)
+                if key[1] == 0 or key in seen:
+                    return 0
+                seen.add(key)
+                return int(t.untyped_storage().nbytes())
+            except Exception:
+                return 0
+
+        params: list[Any] = []
+        for rid in self._step_roots:
+            entry = self._roots.get(rid)
+            root = entry.ref() if entry is not None else None
+            if root is not None:
+                params.extend(root.parameters())
+        for opt in optimizers:
+            for group in getattr(opt, "param_groups", []):
+                params.extend(group.get("params", []))
+        out = {"parameters": sum(add(p) for p in params),
+               "gradients": sum(add(getattr(p, "grad", None)) for p in params),
+               "optimizer_state": 0, "activations": int(self.max_live)}
+        for opt in optimizers:
+            for state in list(getattr(opt, "state", {}).values()):
+                if isinstance(state, dict):
+                    out["optimizer_state"] += sum(add(v) for v in list(state.values()))
+        return out
+
+
+def _unpack(t: Any) -> Any:
+    return t

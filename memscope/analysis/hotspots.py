@@ -1,0 +1,114 @@
+"""Layer hotspots: which modules' forward code saved the most bytes for backward.
+
+Pure functions over ``layer_stats`` / ``step_breakdown`` rows (no torch). A profiled step has one
+row per module that ran; ``saved_bytes`` is what that module's own forward code saved for
+backward (its children's savings are their own rows), deduplicated by storage and without
+parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from memscope.store.reader import RunReader
+
+
+@dataclass
+class Hotspot:
+    module: str
+    type: str | None
+    activation_bytes: int
+    share: float
+    output_bytes: int
+    forward_s: float
+    calls: int
+
+
+def fold_name(module: str, depth: int | None) -> str:
+    """The ancestor of ``module`` at ``depth`` dotted components (``blocks.1.attn.qkv`` at
+    depth 2 is ``blocks.1``); names no deeper than ``depth`` are unchanged."""
+    if depth is None or depth <= 0 or not module:
+        return module
+    parts = module.split(".")
+    return ".".join(parts[:depth]) if len(parts) > depth else module
+
+
+def hotspots(rows: Iterable[dict[str, Any]], depth: int | None = None) -> list[Hotspot]:
+    """Per-module activation bytes of one profiled step, most first, with their share of the
+    total. With ``depth``, each module's bytes are summed into its ancestor at that depth; the
+    ancestor's own output bytes, forward time and calls describe the folded row."""
+    rows = list(rows)
+    by_name = {r["module"]: r for r in rows}
+    acc: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        name = fold_name(r["module"], depth)
+        a = acc.get(name)
+        if a is None:
+            own = by_name.get(name)
+            a = acc[name] = {
+                "type": own["type"] if own else None,
+                "activation_bytes": 0,
+                "output_bytes": int(own["output_bytes"] or 0) if own else 0,
+                "forward_s": float(own["forward_s"] or 0.0) if own else 0.0,
+                "calls": int(own["calls"] or 0) if own else 0,
+                "own": own is not None,
+            }
+        a["activation_bytes"] += int(r["saved_bytes"] or 0)
+        if not a["own"]:  # no row of its own: describe it by what was folded into it
+            a["output_bytes"] += int(r["output_bytes"] or 0)
+            a["forward_s"] += float(r["forward_s"] or 0.0)
+            a["calls"] += int(r["calls"] or 0)
+    total = sum(a["activation_bytes"] for a in acc.values())
+    out = [Hotspot(name, a["type"] or None, a["activation_bytes"],
+                   (a["activation_bytes"] / total) if total else 0.0,
+                   a["output_bytes"], a["forward_s"], a["calls"])
+           for name, a in acc.items()]
+    out.sort(key=lambda h: (-h.activation_bytes, h.module))
+    return out
+
+
+def profiled_steps(reader: RunReader, proc: int | None = None) -> list[tuple[int, int]]:
+    """(proc, step) of every profiled step, in order."""
+    if not _has_table(reader, "layer_stats"):
+        return []
+    if proc is None:
+        rows = reader.query("SELECT DISTINCT proc, step FROM layer_stats ORDER BY proc, step")
+    else:
+        rows = reader.query("SELECT DISTINCT proc, step FROM layer_stats WHERE proc = ? ORDER BY step",
+                            (proc,))
+    return [(int(r["proc"]), int(r["step"])) for r in rows]
+
+
+def choose_step(steps: list[int], near: int | None) -> int | None:
+    """The profiled step nearest ``near`` (the earlier one on a tie), else the latest."""
+    if not steps:
+        return None
+    if near is None:
+        return steps[-1]
+    return min(steps, key=lambda s: (abs(s - near), s))
+
+
+def layer_rows(reader: RunReader, proc: int, step: int) -> list[dict[str, Any]]:
+    return reader.query("SELECT * FROM layer_stats WHERE proc = ? AND step = ?", (proc, step))
+
+
+def breakdown_at(reader: RunReader, proc: int | None, near: int | None,
+                 peak_bytes: int | None) -> dict[str, int] | None:
+    """``peak.breakdown`` from the profiled step nearest the peak step: parameters, gradients,
+    optimizer state, activations, and ``other`` = the peak minus those (at least 0)."""
+    if proc is None or not _has_table(reader, "step_breakdown"):
+        return None
+    rows = reader.query("SELECT * FROM step_breakdown WHERE proc = ? ORDER BY step", (proc,))
+    if not rows:
+        return None
+    step = choose_step([int(r["step"]) for r in rows], near)
+    row = next(r for r in rows if r["step"] == step)
+    parts = {k: int(row[k] or 0) for k in ("parameters", "gradients", "optimizer_state", "activations")}
+    parts["other"] = max(0, int(peak_bytes or 0) - sum(parts.values()))
+    return parts
+
+
+def _has_table(reader: RunReader, name: str) -> bool:
+    return bool(reader.scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                              (name,)))

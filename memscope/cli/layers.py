@@ -1,0 +1,53 @@
+"""``memscope layers RUN.db [--depth N] [--step N] [--json]``: activations by module."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from memscope.analysis.hotspots import choose_step, hotspots, layer_rows, profiled_steps
+from memscope.analysis.summary import summarize
+from memscope.cli.errors import CliError
+from memscope.report.text import render_hotspots
+from memscope.store.reader import RunReader
+
+HELP = "per-module activations saved for backward on a profiled step"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("db", metavar="RUN.db", help="run file written by memscope attach")
+    parser.add_argument("--depth", type=int, metavar="N",
+                        help="fold modules into their ancestor N dotted names deep (blocks.1)")
+    parser.add_argument("--step", type=int, metavar="N",
+                        help="profiled step to show (default: the one nearest the peak)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.depth is not None and args.depth < 1:
+        raise CliError("layers: --depth must be at least 1")
+    with RunReader(args.db) as reader:
+        summary = summarize(reader)
+        proc = summary.main_proc
+        steps = [st for _, st in profiled_steps(reader, proc)] if proc is not None else []
+        if not steps:
+            raise CliError(f"layers: {args.db} has no profiled step (attach with --layers-every N)")
+        if args.step is not None:
+            if args.step not in steps:
+                raise CliError(f"layers: step {args.step} was not profiled "
+                               f"(profiled: {', '.join(map(str, steps[:20]))})")
+            step = args.step
+        else:
+            step = summary.hotspot_step if summary.hotspot_step in steps else choose_step(steps, None)
+        assert step is not None
+        spots = hotspots(layer_rows(reader, proc, step), args.depth)  # type: ignore[arg-type]
+    if args.json:
+        print(json.dumps({"step": step, "depth": args.depth, "profiled_steps": steps, "modules": [
+            {"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
+             "share": round(h.share, 4), "output_bytes": h.output_bytes,
+             "forward_s": h.forward_s, "calls": h.calls} for h in spots]}, indent=2))
+    else:
+        print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})")
+        print(render_hotspots(spots))
+    return 0
+
