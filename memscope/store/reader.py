@@ -10,9 +10,10 @@ import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import sqlite_utils
+if TYPE_CHECKING:
+    import sqlite_utils
 
 from memscope.store.schema import RunFileError, check_version
 
@@ -44,7 +45,19 @@ class RunReader:
             raise RunFileError(f"{self.path}: damaged or not a memscope run file ({exc})") from None
         conn.row_factory = sqlite3.Row
         self.conn = conn
-        self.db = sqlite_utils.Database(conn)
+        self._db: "sqlite_utils.Database | None" = None
+
+    @property
+    def db(self) -> "sqlite_utils.Database":
+        """The file as a sqlite-utils Database, for ad-hoc queries (``reader.db["steps"].rows``).
+
+        Imported on first use: the reports themselves need only sqlite3.
+        """
+        if self._db is None:
+            import sqlite_utils
+
+            self._db = sqlite_utils.Database(self.conn)
+        return self._db
 
     def close(self) -> None:
         self.conn.close()

@@ -3,18 +3,20 @@
 Training code only ever calls ``RunWriter.put``: a non-blocking enqueue that counts a drop
 instead of waiting when the queue is full. One background thread drains the queue and commits a
 WAL transaction at least every ``flush_interval`` seconds.
+
+This runs inside the training process, so it uses the standard library's sqlite3 only: the
+sqlite-utils import (about 0.1 s, numpy and dateutil included) would land on every run's start.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
-
-import sqlite_utils
 
 from memscope.store.schema import migrate
 
@@ -61,6 +63,13 @@ class _Exec:
 
 
 _STOP = object()
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
+    # Table and column names come from memscope's own code, never from user data.
+    return (f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join('?' for _ in columns)})")
 
 
 class RunWriter:
@@ -120,7 +129,6 @@ class RunWriter:
         except Exception as exc:  # the agent reads .error and disables itself
             self.error = f"cannot open run file: {exc}"
             return
-        db = sqlite_utils.Database(conn)
         stopping = False
         while not stopping:
             batch: list[object] = []
@@ -137,28 +145,31 @@ class RunWriter:
                 batch.append(item)
             if batch:
                 try:
-                    self._write(db, conn, batch)
+                    self._write(conn, batch)
                 except Exception as exc:  # disk full, locked for too long: count, keep going
                     self.dropped += len(batch)
                     self.last_error = str(exc)
         conn.close()
 
-    def _write(self, db: sqlite_utils.Database, conn: sqlite3.Connection,
-               batch: list[object]) -> None:
+    def _write(self, conn: sqlite3.Connection, batch: list[object]) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
             i = 0
             while i < len(batch):
                 item = batch[i]
                 if isinstance(item, _Insert):
-                    # group consecutive inserts into one table: one executemany
-                    j = i
-                    while j < len(batch) and isinstance(batch[j], _Insert) and batch[j].table == item.table:  # type: ignore[union-attr]
+                    # consecutive rows of one table with the same columns: one executemany
+                    cols = tuple(item.row)
+                    j = i + 1
+                    while j < len(batch):
+                        nxt = batch[j]
+                        if not (isinstance(nxt, _Insert) and nxt.table == item.table
+                                and tuple(nxt.row) == cols):
+                            break
                         j += 1
-                    rows = [b.row for b in batch[i:j]]  # type: ignore[union-attr]
-                    # inside our transaction sqlite-utils (>= 4) uses a savepoint, not a commit
-                    db[item.table].insert_all(rows, batch_size=len(rows))  # type: ignore[union-attr]
-                    self.written += len(rows)
+                    conn.executemany(_insert_sql(item.table, cols),
+                                     [tuple(b.row.values()) for b in batch[i:j]])  # type: ignore[union-attr]
+                    self.written += j - i
                     i = j
                 else:
                     assert isinstance(item, _Exec)
