@@ -141,9 +141,22 @@ class StepTracker:
 
 
 def _any_optimizer_alive() -> bool:
-    # One gc walk, once per run, only for scripts that have not stepped an optimizer before
-    # their first backward finished.
+    """Whether the script has built an optimizer (asked once, at the first backward)."""
+    # Fast path: Optimizer.__init__ wraps its class's step() once and marks it ``hooked``.
+    if any(getattr(cls.step, "hooked", False) for cls in _subclasses(torch.optim.Optimizer)):
+        return True
+    # Otherwise one gc walk (tens of ms in a large process), only for scripts without one.
     # type() rather than isinstance(): isinstance falls back to ``o.__class__``, which some lazy
     # module proxies answer with a deprecation warning.
     optimizer = torch.optim.Optimizer
     return any(issubclass(type(o), optimizer) for o in gc.get_objects())
+
+
+def _subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    todo = [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            out.append(sub)
+            todo.append(sub)
+    return out
