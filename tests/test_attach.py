@@ -31,10 +31,15 @@ def test_example_steps_counted_exactly(run_db: Path) -> None:
     assert run["started"] < run["ended"]
     peak = report["peak"]
     with sqlite3.connect(run_db) as conn:
-        max_rss = conn.execute("SELECT max(rss) FROM samples").fetchone()[0]
-        step_ids = [r[0] for r in conn.execute("SELECT step FROM steps ORDER BY step")]
-    assert step_ids == list(range(12))
-    assert peak["bytes"] >= max_rss > 0
+        steps = conn.execute("SELECT step, peak_rss, start, end FROM steps ORDER BY step").fetchall()
+        in_steps = conn.execute(
+            "SELECT max(rss) FROM samples s WHERE t BETWEEN (SELECT min(start) FROM steps)"
+            " AND (SELECT max(end) FROM steps)").fetchone()[0]
+    assert [r[0] for r in steps] == list(range(12))
+    # the training peak is the largest per-step peak, and names its step
+    top = max(steps, key=lambda r: r[1])
+    assert (peak["bytes"], peak["step"]) == (top[1], top[0])
+    assert peak["bytes"] >= in_steps > 0  # no sample inside a step exceeds its step's peak
     for key in ("leaks", "suggestions"):
         assert report[key] == []
     assert report["hotspots"]  # step 1 is profiled by default

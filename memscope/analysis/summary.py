@@ -20,6 +20,7 @@ class Peak:
     metric: str  # "cuda_allocated" (allocator bytes in use) or "rss" (host resident memory)
     proc: int | None = None
     breakdown: dict[str, int] | None = None
+    whole_run_bytes: int | None = None  # highest reading anywhere in the run, steps or not
 
 
 @dataclass
@@ -112,30 +113,41 @@ def _device(procs: list[dict[str, Any]]) -> str:
 
 def find_peak(reader: RunReader, procs: list[dict[str, Any]],
               steps_by_proc: dict[int, list[dict[str, Any]]]) -> Peak:
-    """The run's peak: allocator bytes on CUDA, resident host memory on CPU.
+    """The training peak: allocator bytes on CUDA, resident host memory on CPU.
 
-    The allocator's own high-water mark (``allocated_bytes.all.peak``) and the process's peak
-    RSS are exact; per-step peaks place it in a step. A peak outside every step (loading data
-    before the first step, say) has ``step = None``.
+    It is the largest per-step peak (the earliest step on a tie), so it always names a step
+    when the run completed one. Host RSS rarely falls (freed memory stays with the process), so
+    the highest reading is often taken after the last step; that whole-run figure is kept in
+    ``whole_run_bytes``. Without completed steps the whole-run peak is the peak, ``step = None``.
     """
-    if reader.scalar("SELECT count(*) FROM cuda_samples"):
-        return _peak_cuda(reader, steps_by_proc)
+    cuda = bool(reader.scalar("SELECT count(*) FROM cuda_samples"))
+    whole = _peak_cuda(reader, steps_by_proc) if cuda else _peak_rss_samples(reader, procs, steps_by_proc)
+    column = "peak_allocated" if cuda else "peak_rss"
+    best: Peak | None = None
+    for proc, steps in steps_by_proc.items():
+        for s in steps:
+            value = s[column]
+            if value is None or s["status"] != "ok":
+                continue
+            if best is None or value > (best.bytes or 0):  # strict: the earliest step wins a tie
+                best = Peak(int(value), int(s["step"]), whole.metric, proc)
+    if best is None:
+        return whole
+    best.whole_run_bytes = max(whole.bytes or 0, best.bytes or 0)
+    return best
+
+
+def _peak_rss_samples(reader: RunReader, procs: list[dict[str, Any]],
+                      steps_by_proc: dict[int, list[dict[str, Any]]]) -> Peak:
+    """The highest RSS sample of the run, dated to a step when it fell inside one."""
     best: Peak = Peak(None, None, "rss")
     for p in procs:
-        row = reader.query("SELECT t, step, rss FROM samples WHERE proc = ? ORDER BY rss DESC, t LIMIT 1",
+        row = reader.query("SELECT t, rss FROM samples WHERE proc = ? ORDER BY rss DESC, t LIMIT 1",
                            (p["id"],))
-        steps = [s for s in steps_by_proc.get(p["id"], []) if s["peak_rss"] is not None]
-        top_step = max(steps, key=lambda s: s["peak_rss"], default=None)
-        candidates: list[tuple[int, int | None]] = []
-        if row:
-            candidates.append((row[0]["rss"], _step_at(steps, row[0]["t"])))
-        if top_step is not None:
-            candidates.append((top_step["peak_rss"], top_step["step"]))
-        if not candidates:
-            continue
-        value, step = max(candidates, key=lambda c: c[0])
-        if best.bytes is None or value > best.bytes:
-            best = Peak(value, step, "rss", p["id"])
+        if row and (best.bytes is None or row[0]["rss"] > best.bytes):
+            steps = steps_by_proc.get(p["id"], [])
+            best = Peak(int(row[0]["rss"]), _step_at(steps, row[0]["t"]), "rss", p["id"])
+    best.whole_run_bytes = best.bytes
     return best
 
 
@@ -154,6 +166,7 @@ def _peak_cuda(reader: RunReader, steps_by_proc: dict[int, list[dict[str, Any]]]
         step = _step_at(steps, first[0]["t"]) if first and first[0]["t"] is not None else None
         if best.bytes is None or r["hwm"] > best.bytes:
             best = Peak(int(r["hwm"]), step, "cuda_allocated", r["proc"])
+    best.whole_run_bytes = best.bytes
     return best
 
 

@@ -37,6 +37,9 @@ def render_summary(s: RunSummary) -> str:
     else:
         where = f"at step {s.peak.step}" if s.peak.step is not None else "outside any step"
         lines.append(f"peak      {human_bytes(s.peak.bytes)} {_METRIC.get(s.peak.metric, s.peak.metric)} {where}")
+        if s.peak.whole_run_bytes and s.peak.whole_run_bytes > s.peak.bytes:
+            lines.append(f"          {human_bytes(s.peak.whole_run_bytes)} at most over the whole run, "
+                         "outside the steps (start-up, evaluation, shutdown)")
     if s.peak.breakdown:
         bd = s.peak.breakdown
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
