@@ -4,6 +4,9 @@ Runs the bundled ``examples/tiny_gpt.py`` as real subprocesses in two arms:
 
 * plain:    ``python examples/tiny_gpt.py ARGS``
 * memscope: ``python -m memscope attach --headless --force --db RUN.db examples/tiny_gpt.py ARGS``
+  (default cadence: per-layer profiling on step 1, then every 50th)
+* layers:   the same with ``--layers-every 1`` (per-layer hooks on every step; skip with
+  ``--no-layers-arm``)
 
 After one untimed warm-up run of each arm (file cache, .pyc), the arms are run
 alternately (plain, memscope, plain, memscope, ...) for ``--repeats`` pairs, and
@@ -114,11 +117,13 @@ def _load() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3, help="timed (plain, memscope) pairs (default 3)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds of all arms (default 3)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the config's)")
     p.add_argument("--quick", action="store_true", help="small config (~2-3 s per run) for smoke testing")
     p.add_argument("--threads", type=int, default=2, help="OMP/MKL threads for both arms (default 2)")
     p.add_argument("--json", metavar="OUT", type=Path, default=None, help="also write the numbers as JSON")
+    p.add_argument("--no-layers-arm", action="store_true",
+                   help="skip the arm with per-layer profiling on every step")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -137,25 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"
 
     load_before = _load()
-    times: dict[str, list[float]] = {"plain": [], "memscope": []}
-    cpu_times: dict[str, list[float]] = {"plain": [], "memscope": []}
+    arms = ["plain", "memscope"] + ([] if args.no_layers_arm else ["layers"])
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    cpu_times: dict[str, list[float]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="memscope-bench-") as tmp:
         db = Path(tmp) / "run.db"
+        layers_db = Path(tmp) / "layers.db"
+        attach = [sys.executable, "-m", "memscope", "attach", "--headless", "--force"]
         cmds = {
             "plain": [sys.executable, SCRIPT, *wargs],
-            "memscope": [sys.executable, "-m", "memscope", "attach", "--headless", "--force",
-                         "--db", str(db), SCRIPT, *wargs],
+            "memscope": [*attach, "--db", str(db), SCRIPT, *wargs],
+            "layers": [*attach, "--layers-every", "1", "--db", str(layers_db), SCRIPT, *wargs],
         }
         print(f"workload: {SCRIPT} {' '.join(wargs)}")
         print(f"threads: {args.threads}   repeats: {args.repeats}   python: {sys.executable}")
 
-        for arm in ("plain", "memscope"):
+        for arm in arms:
             elapsed, cpu, _ = run_timed(cmds[arm], env)
             print(f"  warm-up  {arm:<8} {elapsed:7.2f} s  (cpu {cpu:6.2f} s)  untimed", flush=True)
 
         last: subprocess.CompletedProcess[str] | None = None
         for i in range(1, args.repeats + 1):
-            for arm in ("plain", "memscope"):
+            for arm in arms:
                 elapsed, cpu, proc = run_timed(cmds[arm], env)
                 times[arm].append(elapsed)
                 cpu_times[arm].append(cpu)
@@ -164,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     last = proc
 
         report = read_report(db, env)
+        layers_report = read_report(layers_db, env) if "layers" in arms else None
 
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
     ratio = med["memscope"] / med["plain"]
@@ -175,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median plain:    {med['plain']:.2f} s")
     print(f"median memscope: {med['memscope']:.2f} s")
     print(f"overhead ratio (median whole-run): {ratio:.3f}")
+    layers_ratio = None
+    if "layers" in arms:
+        layers_ratio = med["layers"] / med["plain"]
+        print(f"median layers-every-1: {med['layers']:.2f} s")
+        print(f"overhead ratio, layer hooks on every step (median whole-run): {layers_ratio:.3f}")
     print(f"cpu-time ratio (median, secondary): {cpu_ratio:.3f}  "
           f"(plain {cpu_med['plain']:.2f} s, memscope {cpu_med['memscope']:.2f} s)")
     print(f"last memscope run recorded: {rec_steps} steps, {rec_samples} samples")
@@ -199,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             "times_s": times,
             "median_s": med,
             "ratio": ratio,
+            "layers_every_step_ratio": layers_ratio,
             "cpu_times_s": cpu_times,
             "cpu_median_s": cpu_med,
             "cpu_ratio": cpu_ratio,
@@ -209,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if rec_steps != steps:
         print(f"error: memscope recorded {rec_steps} steps, expected {steps}", file=sys.stderr)
+        return 1
+    if layers_report is not None and (layers_report["run"]["steps"] != steps
+                                      or not layers_report["hotspots"]):
+        print("error: the layers-every-1 run lost steps or hotspots", file=sys.stderr)
         return 1
     return 0
 
