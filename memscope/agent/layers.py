@@ -9,8 +9,11 @@ While a profiled step runs, a :class:`LayerProfiler` has
   deduplicated by storage (a storage already saved and still alive counts once, for its first
   saver). Storages of the parameters and buffers of the models seen are not activations.
 
-The pack hook returns its argument unchanged and keeps only a weak reference to it: the
-reference dies when autograd frees the saved tensor, which also gives the live saved bytes
+The pack hook returns a detached alias of its argument (same storage and version counter, no
+``grad_fn``: returning the tensor itself would tie an output saved by its own grad_fn into a
+reference cycle gc cannot see, so a graph the script keeps could never be freed) and keeps only
+a weak reference to that alias: the reference dies when autograd frees the saved tensor, which
+also gives the live saved bytes
 (``max_live``, the activations at their peak in the step). Between profiled steps every hook is
 removed, so PyTorch's no-hook fast path returns.
 
@@ -262,13 +265,19 @@ class LayerProfiler:
             if key[1] == 0 or key in self._param_keys:
                 return t
             cb = self._released(key)
-            ref = weakref.ref(t, cb)
+            # Autograd keeps what the pack hook returns. Returning ``t`` itself would make an
+            # output saved by its own grad_fn (relu, exp, ...) hold its graph through its
+            # Python object: a reference cycle gc cannot see, so a graph the script keeps
+            # (``losses.append(loss)``) could never be freed. A detached alias (same storage
+            # and version counter, no grad_fn) has no such cycle; it dies with the graph.
+            saved = t.detach()
+            ref = weakref.ref(saved, cb)
             with self._lock:
                 self._refs.add(ref)
                 entry = self._live.get(key)
                 if entry is not None:
                     entry[0] += 1
-                    return t
+                    return saved
                 nbytes = t.untyped_storage().nbytes()
                 self._live[key] = [1, nbytes]
                 self.live_bytes += nbytes
@@ -282,6 +291,7 @@ class LayerProfiler:
                 st = self._no_module
             st.saved_bytes += nbytes
             st.saved_tensors += 1
+            return saved
         except Exception:
             pass
         return t
