@@ -142,3 +142,57 @@ def _exit_from_status(status: int, ended: float) -> ChildExit:
     if os.WIFSIGNALED(status):
         return ChildExit(None, os.WTERMSIG(status), ended)
     return ChildExit(os.WEXITSTATUS(status), None, ended)
+
+
+OOM_KILLER_SHARE = 0.8  # last RSS above this share of the machine's memory: likely the OOM killer
+
+
+def record_killed(db: str, signum: int, host_total: int | None = None) -> None:
+    """A ``killed`` event for a child that died by a signal: the signal, the last samples, and
+    whether it looks like the kernel's OOM killer (SIGKILL with the last RSS near the machine's
+    memory). Best effort: a run file it cannot write is left as it is."""
+    import json
+    import sqlite3
+
+    from memscope.store.writer import connect_rw
+
+    try:
+        if host_total is None:
+            import psutil
+
+            host_total = int(psutil.virtual_memory().total)
+        conn = connect_rw(db)
+    except Exception:
+        return
+    try:
+        last = conn.execute("SELECT proc, t, step, rss FROM samples ORDER BY t DESC LIMIT 1").fetchone()
+        rss_total = conn.execute(
+            "SELECT sum(rss) FROM samples s WHERE t = (SELECT max(t) FROM samples s2 WHERE s2.proc = s.proc)"
+        ).fetchone()[0]
+        alloc = conn.execute(
+            "SELECT sum(allocated) FROM cuda_samples c WHERE t = "
+            "(SELECT max(t) FROM cuda_samples c2 WHERE c2.proc = c.proc AND c2.device = c.device)"
+        ).fetchone()[0]
+        last_rss = int(rss_total) if rss_total is not None else None
+        likely = (signum == signal.SIGKILL and last_rss is not None and host_total > 0
+                  and last_rss > OOM_KILLER_SHARE * host_total)
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        message = f"killed by signal {signum} ({name})"
+        if likely:
+            message = f"killed by signal {signum} (possibly the kernel's OOM killer)"
+        data = {"signal": signum, "signal_name": name, "step": last[2] if last else None,
+                "last_sample_t": last[1] if last else None, "last_rss": last_rss,
+                "last_allocated": int(alloc) if alloc is not None else None,
+                "host_total_bytes": host_total, "likely_oom_killer": likely}
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO events (proc, t, step, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+                         (last[0] if last else None, time.time(), data["step"], "killed", message,
+                          json.dumps(data)))
+    except sqlite3.Error:
+        pass
+    finally:
+        conn.close()

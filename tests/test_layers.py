@@ -323,7 +323,7 @@ def test_torch_compile_does_not_crash(tmp_path: Path) -> None:
 # -- the run file ----------------------------------------------------------------------------
 
 def test_schema_1_file_migrates_and_reads_without_layers(tmp_path: Path) -> None:
-    from memscope.store.schema import APPLICATION_ID, MIGRATIONS, _split_statements, migrate
+    from memscope.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, _split_statements, migrate
     from memscope.store.reader import RunReader
     from memscope.analysis.summary import summarize
 
@@ -341,7 +341,7 @@ def test_schema_1_file_migrates_and_reads_without_layers(tmp_path: Path) -> None
     out = run_cli("layers", str(db))
     assert out.returncode == 2 and "no profiled step" in out.stderr
     migrate(conn, str(db))
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # 2 and later
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"layer_stats", "step_breakdown"} <= names
     conn.close()

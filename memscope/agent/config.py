@@ -22,6 +22,11 @@ class AgentOptions:
     flush_interval: float = 0.25
     layers_every: int = 50  # per-layer profiling every N steps (0: never)
     layers_first: int = 1  # the first profiled step
+    inventory_every: int = 5  # tensor inventory (leak detection) every N steps (0: never)
+    # Share of the run's time inventories may take: when one costs more than this share of the
+    # steps it covers, the next is pushed further out. 0 keeps exactly ``inventory_every``;
+    # naming ``inventory_every`` without a budget means that, too.
+    inventory_budget: float = 0.01
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
@@ -32,6 +37,10 @@ class AgentOptions:
             raise ValueError(f"layers_every must be an integer >= 0, not {self.layers_every!r}")
         if isinstance(self.layers_first, bool) or not isinstance(self.layers_first, int) or self.layers_first < 0:
             raise ValueError(f"layers_first must be an integer >= 0, not {self.layers_first!r}")
+        if isinstance(self.inventory_every, bool) or not isinstance(self.inventory_every, int) or self.inventory_every < 0:
+            raise ValueError(f"inventory_every must be an integer >= 0, not {self.inventory_every!r}")
+        if not 0 <= self.inventory_budget <= 1:
+            raise ValueError(f"inventory_budget must be between 0 and 1, not {self.inventory_budget!r}")
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self
@@ -47,6 +56,9 @@ class AgentOptions:
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown memscope option(s): {', '.join(sorted(unknown))}")
+        values = dict(values)
+        if "inventory_every" in values and "inventory_budget" not in values:
+            values["inventory_budget"] = 0.0  # an explicit cadence is kept as asked
         return cls(**values).validate()
 
     @classmethod

@@ -23,7 +23,9 @@ import torch
 
 from memscope.agent import cuda
 from memscope.agent.config import AgentOptions
+from memscope.agent.inventory import InventoryCollector
 from memscope.agent.layers import LayerProfiler
+from memscope.agent.oom import OomRecorder, is_oom
 from memscope.agent.sampler import SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.steps import StepTracker
 from memscope.store.runs import finish_run, register_process
@@ -63,6 +65,9 @@ class Agent:
         self._nvml_last = 0.0
         self._layers_enabled = options.layers_every > 0
         self._layers = LayerProfiler()
+        self._inventory = InventoryCollector(options.inventory_every, options.inventory_budget)
+        self._last_breakdown: dict[str, Any] | None = None
+        self._oom = OomRecorder(self)
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -83,6 +88,8 @@ class Agent:
         })
         self._writer.start()
         self._tracker.install()
+        self._tracker.on_error = self._backward_error
+        self._guard_call("oom", self._oom.install)
         self.running = True
         self._tick()  # a first sample at t0, before any training
         self._sampler.start()
@@ -99,6 +106,7 @@ class Agent:
             self._tick()  # the last sample
         except Exception:
             pass
+        self._guard_call("oom", self._oom_finish)
         self.running = False
         self._writer.close()
         if self._nvml is not None:
@@ -145,6 +153,7 @@ class Agent:
             if self._layers.saved_hooks_error is None:
                 bd = self._layers.breakdown(list(self._tracker.optimizers))
                 self._writer.insert("step_breakdown", {"proc": self.proc_id, "step": step, **bd})
+                self._last_breakdown = {"step": step, **bd}
         except Exception as exc:
             self._layers_failed(exc)
 
@@ -195,6 +204,8 @@ class Agent:
         if t - self._cuda_scanned >= _DEVICE_RESCAN_S:
             self._cuda_scanned = t
             devices = cuda.cuda_devices_in_use()
+            if devices:
+                self._guard_call("oom", self._oom.attach_cuda_observer)  # CUDA is initialised now
             if devices and not self._cuda_devices:
                 self.device = "cuda" if len(devices) > 1 else f"cuda:{devices[0]}"
                 self._writer.execute("UPDATE processes SET device = ? WHERE id = ?",
@@ -235,6 +246,7 @@ class Agent:
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
         self._layers_close(step)
+        self._guard_call("oom", self._oom_step_close)
         self._tick()
         hwm = rss_high_water_mark()
         rss_now = self._process.memory_info().rss
@@ -251,7 +263,76 @@ class Agent:
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok"})
+        self._inventory_step(step, end - start)
         self._layers_next(step + 1)
+
+    # -- tensor inventories (leak detection) ---------------------------------------------------
+
+    def _inventory_step(self, step: int, step_s: float) -> None:
+        """At the boundary that closed ``step`` (which took ``step_s``): a tensor inventory when
+        one is due, and when the next is due given what this one cost."""
+        if not (self.running and self._inventory.due(step)):
+            return
+        try:
+            inv = self._inventory.take(step, list(self._tracker.optimizers))
+        except Exception as exc:
+            self._inventory.every = 0
+            self.event("collector_disabled", f"inventory: {type(exc).__name__}: {exc}")
+            return
+        self._inventory.schedule(step, inv.duration_s, step_s)
+        self._writer.insert("inventories", {
+            "proc": self.proc_id, "step": step, "tensors": inv.tensors, "bytes": inv.bytes,
+            "graph_bytes": inv.graph_bytes, "duration_s": inv.duration_s,
+            "truncated": int(inv.truncated)})
+        for (cat, dtype, shape, device, rg, fn), g in inv.groups.items():
+            self._writer.insert("inventory_groups", {
+                "proc": self.proc_id, "step": step, "category": cat, "dtype": dtype,
+                "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
+                "count": g.count, "bytes": g.bytes, "graph_bytes": g.graph_bytes})
+        for (cat, dtype, shape, device, rg, fn), held_by in inv.holders.items():
+            self._writer.insert("leak_holders", {
+                "proc": self.proc_id, "step": step, "category": cat, "dtype": dtype,
+                "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
+                "held_by": held_by, "site": None})
+
+    # -- out-of-memory post-mortems ------------------------------------------------------------
+
+    def _backward_error(self, exc: BaseException) -> None:
+        if self.running and is_oom(exc):
+            self._oom.record(exc, exc.__traceback__, where="backward", phase="backward")
+
+    def latest_breakdown(self) -> dict[str, Any] | None:
+        """The breakdown of the last profiled step (parameters, gradients, ...), if any."""
+        return dict(self._last_breakdown) if self._last_breakdown else None
+
+    def _oom_step_close(self) -> None:
+        self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
+        self._oom.record_observed_leftovers(self)
+        roots = [e.ref() for e in list(self._layers._roots.values())]
+        self._oom.hook_roots([r for r in roots if r is not None])
+
+    def _oom_finish(self) -> None:
+        """At stop: remove the hooks; a step in progress that hit an OOM is a failed step."""
+        self._oom.remove()
+        self._oom.record_observed_leftovers(self)
+        pending = self._oom.pending_failed
+        if pending is not None and pending["step"] == self._tracker.step:
+            self._oom.pending_failed = None
+            hwm = rss_high_water_mark()
+            rss_now = self._process.memory_info().rss
+            with self._lock:
+                peak_rss = self._rss_peak.close(hwm, rss_now)
+            self._writer.insert("steps", {"proc": self.proc_id, "step": pending["step"],
+                                          "start": pending["start"], "end": time.time(),
+                                          "peak_rss": peak_rss, "peak_allocated": None,
+                                          "peak_reserved": None, "status": "failed"})
+
+    def _guard_call(self, name: str, fn: Any) -> None:
+        """Run a no-argument collector call; on failure, say so once and carry on."""
+        try:
+            fn()
+        except Exception as exc:
+            self.event("collector_disabled", f"{name}: {type(exc).__name__}: {exc}")
 
     # -- events and the final row --------------------------------------------------------------
 

@@ -43,6 +43,7 @@ class StepTracker:
         self.enabled = True
         self._activity = False  # a backward or optimizer step happened in the current step
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every optimizer that stepped
+        self.on_error: Callable[[BaseException], None] | None = None  # an exception in backward
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -66,6 +67,14 @@ class StepTracker:
             prev_phase, tracker.phase = tracker.phase, "backward"
             try:
                 return orig(*args, **kwargs)
+            except BaseException as exc:
+                on_error = tracker.on_error
+                if on_error is not None:
+                    try:
+                        on_error(exc)  # records an OOM; the same exception goes on, unchanged
+                    except Exception:
+                        pass
+                raise
             finally:
                 tracker._backward_depth.n = depth
                 tracker.phase = prev_phase

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis.oom import OomReport, post_mortem
+from memscope.analysis.leaks import Leak, leaks_of
 from memscope.analysis.hotspots import Hotspot, breakdown_at, choose_step, hotspots, layer_rows, profiled_steps
 from memscope.store.reader import RunReader
 
@@ -44,6 +46,8 @@ class RunSummary:
     hotspots: list[Hotspot] = field(default_factory=list)
     hotspot_step: int | None = None  # the profiled step the hotspots come from
     main_proc: int | None = None  # rank 0, or the process with the most steps
+    leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
+    oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -87,6 +91,8 @@ def summarize(reader: RunReader) -> RunSummary:
         hotspots=spots,
         hotspot_step=spot_step,
         main_proc=main["id"] if main else None,
+        leaks=leaks_of(reader, main["id"] if main else None),
+        oom=post_mortem(reader),
     )
 
 

@@ -7,7 +7,7 @@ import sys
 from typing import NoReturn, Sequence
 
 from memscope import __version__
-from memscope.cli import attach, layers, report, tui
+from memscope.cli import attach, import_snapshot, layers, leaks, oom, report, tui
 from memscope.cli.errors import CliError
 from memscope.store.schema import RunFileError
 
@@ -16,6 +16,9 @@ COMMANDS = {
     "report": report,
     "layers": layers,
     "tui": tui,
+    "leaks": leaks,
+    "oom": oom,
+    "import": import_snapshot,
 }
 
 

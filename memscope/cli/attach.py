@@ -13,13 +13,14 @@ from memscope.cli.errors import CliError
 from memscope.report.text import render_headless
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, default_db_path, finish_run, prepare_path
-from memscope.supervisor import LaunchError, child_environment, resolve, run_child
+from memscope.supervisor import LaunchError, child_environment, record_killed, resolve, run_child
 
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
          "       memscope attach [OPTIONS] -m MODULE [ARGS...]\n"
          "       memscope attach [OPTIONS] -- COMMAND [ARGS...]")
-_TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first"}
+_TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first",
+                "--inventory-every", "--inventory-budget"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="per-layer activation profiling every N steps (0: never; default %(default)s)")
     parser.add_argument("--layers-first", type=int, default=AgentOptions.layers_first, metavar="N",
                         help="the first profiled step (default %(default)s)")
+    parser.add_argument("--inventory-every", type=int, default=None, metavar="N",
+                        help="tensor inventory for leak detection every N steps, exactly "
+                             f"(0: never; default {AgentOptions.inventory_every}, stretched by the budget)")
+    parser.add_argument("--inventory-budget", type=float, default=None, metavar="F",
+                        help="share of run time inventories may take before the next is pushed out "
+                             f"(default {AgentOptions.inventory_budget}; 0: no limit)")
 
 
 def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None, bool]:
@@ -81,9 +88,14 @@ def main(argv: Sequence[str]) -> int:
     if command is None:
         raise CliError("attach: give a script, -m MODULE, or -- COMMAND")
     try:
-        options = AgentOptions(sample_hz=args.sample_hz, nvml_interval=args.nvml_interval,
-                               nvml=not args.no_nvml, layers_every=args.layers_every,
-                               layers_first=args.layers_first).validate()
+        chosen = {"sample_hz": args.sample_hz, "nvml_interval": args.nvml_interval,
+                  "nvml": not args.no_nvml, "layers_every": args.layers_every,
+                  "layers_first": args.layers_first}
+        # only what was given: an explicit --inventory-every without a budget is kept exactly
+        for key in ("inventory_every", "inventory_budget"):
+            if getattr(args, key) is not None:
+                chosen[key] = getattr(args, key)
+        options = AgentOptions.from_mapping(chosen)
         command = resolve(command)
     except (ValueError, LaunchError) as exc:
         raise CliError(f"attach: {exc}") from None
@@ -98,6 +110,8 @@ def main(argv: Sequence[str]) -> int:
     except LaunchError as exc:
         finish_run(db, exit_code=127, signal=None)
         raise CliError(f"attach: {exc}") from None
+    if child.signal is not None:
+        record_killed(db, child.signal)
     finish_run(db, child.exit_code, child.signal, ended=child.ended)
 
     with RunReader(db) as reader:

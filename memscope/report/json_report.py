@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memscope.analysis.leaks import suggestions as leak_suggestions
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.report.format import iso
 from memscope.store.reader import RunReader
@@ -38,7 +39,15 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
                       "share": round(h.share, 4)} for h in s.hotspots],
         # Filled by later capabilities (leak detection, OOM post-mortem, suggestions);
         # present now so consumers can rely on the keys.
-        "leaks": [],
-        "oom": None,
-        "suggestions": [],
+        "leaks": [lk.as_json() for lk in s.leaks],
+        "oom": _oom(s),
+        "suggestions": leak_suggestions(s.leaks, s.steps),
     }
+
+
+def _oom(s: RunSummary) -> dict[str, Any] | None:
+    """An allocator OOM, or a kill that looks like the kernel's OOM killer; else null."""
+    r = s.oom
+    if r is None or (r.kind == "killed" and not r.data.get("likely_oom_killer")):
+        return None
+    return r.to_json()

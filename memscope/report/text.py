@@ -44,10 +44,19 @@ def render_summary(s: RunSummary) -> str:
         bd = s.peak.breakdown
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
                                                for k, v in bd.items()))
+    if s.oom is not None and s.oom.kind == "oom":
+        where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
+        at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
+        lines.append(f"oom       out of memory {at} ({where}), requested "
+                     f"{human_bytes(s.oom.requested_bytes)} (memscope oom RUN.db explains it)")
     if s.hotspots:
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
                      " (memscope layers RUN.db for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
+    for lk in s.leaks[:3]:
+        what = f"{lk.category} {lk.dtype} {lk.shape}" + (f" {lk.grad_fn}" if lk.grad_fn else "")
+        lines.append(f"leak      {what} +{human_bytes(lk.bytes_per_step)}/step, held by "
+                     f"{lk.held_by or 'unknown'} (memscope leaks RUN.db)")
     return "\n".join(lines)
 
 

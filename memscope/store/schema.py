@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -128,9 +128,49 @@ CREATE TABLE step_breakdown (
 """
 
 
+_V3 = """
+CREATE TABLE inventories (
+    proc INTEGER NOT NULL,
+    step INTEGER NOT NULL,          -- taken at the boundary that closed this step
+    tensors INTEGER NOT NULL,       -- distinct live storages seen
+    bytes INTEGER NOT NULL,         -- their bytes
+    graph_bytes INTEGER NOT NULL,   -- saved tensors reachable only through live autograd graphs
+    duration_s REAL NOT NULL,       -- time the scan took (the training waited that long)
+    truncated INTEGER NOT NULL DEFAULT 0, -- 1: a bound (graph nodes, groups) cut the scan short
+    PRIMARY KEY (proc, step)
+);
+CREATE TABLE inventory_groups (
+    proc INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    category TEXT NOT NULL,         -- parameters | gradients | optimizer_state | activations | other
+    dtype TEXT,
+    shape TEXT,                     -- JSON list
+    device TEXT,
+    requires_grad INTEGER,
+    grad_fn TEXT,                   -- class name of the grad_fn, or NULL
+    count INTEGER NOT NULL,         -- distinct storages
+    bytes INTEGER NOT NULL,         -- their bytes
+    graph_bytes INTEGER NOT NULL    -- saved tensors kept alive by these tensors' autograd graphs
+);
+CREATE INDEX inventory_groups_step ON inventory_groups (proc, step);
+CREATE TABLE leak_holders (
+    proc INTEGER NOT NULL,
+    step INTEGER NOT NULL,          -- the inventory that searched
+    category TEXT NOT NULL,
+    dtype TEXT,
+    shape TEXT,
+    device TEXT,
+    requires_grad INTEGER,
+    grad_fn TEXT,
+    held_by TEXT,                   -- module.variable / Class.attr / instance path, or NULL
+    site TEXT                       -- file:line, or NULL
+);
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2]
+MIGRATIONS: list[str] = [_V1, _V2, _V3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -1,0 +1,24 @@
+"""``memscope import SNAPSHOT.pickle --db RUN.db``: a CUDA memory snapshot as a run file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from memscope.store.snapshot import import_snapshot
+
+HELP = "import a torch.cuda.memory._dump_snapshot pickle into a run file (read safely)"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("snapshot", metavar="SNAPSHOT.pickle",
+                        help="file written by torch.cuda.memory._dump_snapshot")
+    parser.add_argument("--db", metavar="RUN.db", required=True, help="run file to create")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing run file")
+
+
+def run(args: argparse.Namespace) -> int:
+    counts = import_snapshot(args.snapshot, args.db, args.force)
+    print(f"memscope: {args.db}: {counts['segments']} segment(s) on {counts['devices']} device(s), "
+          f"{counts['ooms']} out-of-memory event(s); see memscope oom {args.db}", file=sys.stderr)
+    return 0
