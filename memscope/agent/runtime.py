@@ -51,6 +51,9 @@ class Agent:
         self.samples = 0
         self.device = "cpu"
         self._lock = threading.Lock()
+        # The sampler thread and the training thread (at step boundaries) both take samples;
+        # one at a time keeps the sample count and the CUDA device list consistent.
+        self._tick_lock = threading.Lock()
         self._process = psutil.Process()
         self._writer = RunWriter(db, options.queue_size, options.flush_interval)
         self._tracker = StepTracker(self._on_step_close)
@@ -182,10 +185,22 @@ class Agent:
 
     # -- sampling ------------------------------------------------------------------------------
 
-    def _tick(self) -> None:
-        """One sample of every enabled collector (sampler thread, and at step boundaries)."""
+    def _tick(self, wait: bool = True) -> None:
+        """One sample of every enabled collector (sampler thread, and at step boundaries).
+
+        ``wait=False`` (the training thread at a step boundary): when the sampler is taking a
+        sample right now, that one stands for the boundary, and the step never waits on it
+        (an NVML reading can take milliseconds)."""
         if not self.running:
             return
+        if not self._tick_lock.acquire(blocking=wait):
+            return
+        try:
+            self._sample_once()
+        finally:
+            self._tick_lock.release()
+
+    def _sample_once(self) -> None:
         t = time.time()
         rss = self._process.memory_info().rss
         with self._lock:
@@ -247,7 +262,7 @@ class Agent:
     def _on_step_close(self, step: int, start: float, end: float) -> None:
         self._layers_close(step)
         self._guard_call("oom", self._oom_step_close)
-        self._tick()
+        self._tick(wait=False)
         hwm = rss_high_water_mark()
         rss_now = self._process.memory_info().rss
         with self._lock:
