@@ -126,7 +126,7 @@ def test_caught_forward_oom_batch_size_finder(tmp_path: Path) -> None:
     script = tmp_path / "finder.py"
     script.write_text(FINDER)
     db = tmp_path / "f.db"
-    out = attach(db, str(script), "--layers-every", "1", "--layers-first", "0")
+    out = attach(db, "--layers-every", "1", "--layers-first", "0", "--catch-forward-oom", str(script))
     assert out.returncode == 0, out.stderr
     assert "batch 16" in out.stdout
     report = report_json(db)
@@ -147,7 +147,7 @@ def test_caught_forward_oom_after_root_known(tmp_path: Path) -> None:
     script = tmp_path / "finder2.py"
     script.write_text(FINDER_LATE)
     db = tmp_path / "f2.db"
-    out = attach(db, str(script), "--layers-every", "1", "--layers-first", "0")
+    out = attach(db, "--layers-every", "1", "--layers-first", "0", "--catch-forward-oom", str(script))
     assert out.returncode == 0, out.stderr
     report = report_json(db)
     assert report["run"]["exit_code"] == 0 and report["run"]["steps"] == 6
@@ -349,3 +349,25 @@ def test_optimizer_oom(tmp_path: Path) -> None:
     assert report["run"]["steps"] == 2
     text = memscope("oom", str(db)).stdout
     assert "step 2, optimizer" in text and "a shape bug" in text
+
+
+SAVE_WHOLE = """
+import io, sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+buf = io.BytesIO()
+torch.save(model, buf)  # the whole module, hooks included
+print("saved", len(buf.getvalue()) > 0)
+"""
+
+
+@pytest.mark.parametrize("catch", [False, True])
+def test_whole_model_pickles_under_attach(tmp_path: Path, catch: bool) -> None:
+    script = tmp_path / "save.py"
+    script.write_text(SAVE_WHOLE)
+    extra = ["--catch-forward-oom", "--layers-first", "0"] if catch else []
+    out = attach(tmp_path / "s.db", *extra, str(script))
+    assert out.returncode == 0, out.stderr
+    assert "saved True" in out.stdout

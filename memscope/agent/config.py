@@ -27,6 +27,10 @@ class AgentOptions:
     # steps it covers, the next is pushed further out. 0 keeps exactly ``inventory_every``;
     # naming ``inventory_every`` without a budget means that, too.
     inventory_budget: float = 0.01
+    # Forward OOMs the script catches itself (batch-size finders) are seen on CPU only through a
+    # forward hook on the model's root module. Off by default: a hook stored on the user's model
+    # travels with it when the whole model is pickled (torch.save(model)).
+    catch_forward_oom: bool = False
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:

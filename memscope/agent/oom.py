@@ -329,12 +329,24 @@ class OomRecorder:
             agent.event("oom", data["message"], data)
 
 
+def _no_recorder() -> None:
+    return None
+
+
 class _RootHook:
     """The always-call forward hook on a root module: it holds the recorder weakly and looks
     only at the exception in flight, never at the output."""
 
     def __init__(self, recorder: OomRecorder) -> None:
-        self._rec = weakref.ref(recorder)
+        self._rec: Any = weakref.ref(recorder)
+
+    # A model pickled whole (torch.save(model)) carries its hooks: pickle this one as an inert
+    # hook instead of failing on the weak reference.
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._rec = _no_recorder
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
         if output is not None:

@@ -323,8 +323,9 @@ class Agent:
     def _oom_step_close(self) -> None:
         self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
         self._oom.record_observed_leftovers(self)
-        roots = [e.ref() for e in list(self._layers._roots.values())]
-        self._oom.hook_roots([r for r in roots if r is not None])
+        if self.options.catch_forward_oom:
+            roots = [e.ref() for e in list(self._layers._roots.values())]
+            self._oom.hook_roots([r for r in roots if r is not None])
 
     def _oom_finish(self) -> None:
         """At stop: remove the hooks; a step in progress that hit an OOM is a failed step."""

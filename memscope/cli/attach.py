@@ -42,6 +42,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inventory-every", type=int, default=None, metavar="N",
                         help="tensor inventory for leak detection every N steps, exactly "
                              f"(0: never; default {AgentOptions.inventory_every}, stretched by the budget)")
+    parser.add_argument("--catch-forward-oom", action="store_true",
+                        help="also record forward OOMs the script catches itself, on CPU (adds a "
+                             "forward hook to the model's root module)")
     parser.add_argument("--inventory-budget", type=float, default=None, metavar="F",
                         help="share of run time inventories may take before the next is pushed out "
                              f"(default {AgentOptions.inventory_budget}; 0: no limit)")
@@ -90,7 +93,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         chosen = {"sample_hz": args.sample_hz, "nvml_interval": args.nvml_interval,
                   "nvml": not args.no_nvml, "layers_every": args.layers_every,
-                  "layers_first": args.layers_first}
+                  "layers_first": args.layers_first, "catch_forward_oom": args.catch_forward_oom}
         # only what was given: an explicit --inventory-every without a budget is kept exactly
         for key in ("inventory_every", "inventory_budget"):
             if getattr(args, key) is not None:
