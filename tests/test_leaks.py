@@ -201,12 +201,13 @@ def test_inventory_cadence_stretches_to_the_time_budget() -> None:
     from memscope.agent.inventory import InventoryCollector
 
     c = InventoryCollector(every=5, budget=0.02)
-    assert c.due(0)
+    assert not c.due(0) and c.due(2)  # under a budget, no inventory of the warm-up steps
     c.schedule(0, cost_s=0.015, step_s=0.010)  # 15 ms inventory, 10 ms steps: 75 steps apart
     assert not c.due(74) and c.due(75)
     c.schedule(75, cost_s=0.001, step_s=0.5)  # cheap against slow steps: the minimum applies
     assert not c.due(79) and c.due(80)
     exact = InventoryCollector(every=1, budget=0.0)
+    assert exact.due(0)
     exact.schedule(3, cost_s=10.0, step_s=0.001)
     assert exact.due(4)
     # naming a cadence keeps it exactly; the default cadence has the budget

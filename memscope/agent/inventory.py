@@ -584,7 +584,11 @@ class InventoryCollector:
     def __init__(self, every: int, budget: float = 0.0) -> None:
         self.every = every
         self.budget = budget
-        self._next = 0  # the next step due
+        # the next step due: under a time budget, start where the verdict starts looking
+        # (earlier inventories only show warm-up growth); an exact cadence starts at step 0
+        from memscope.analysis.leaks import WARMUP_STEPS  # pure, no torch
+
+        self._next = WARMUP_STEPS if budget > 0 else 0
         self._history: dict[Signature, list[tuple[int, int, int]]] = {}
         self._steps: list[int] = []
         self._suspects: set[Signature] = set()
