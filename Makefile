@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,23 @@ demo: install
 	$(BIN)/memscope attach --headless --force --db demo.db examples/tiny_gpt.py --steps 30
 	$(BIN)/memscope report demo.db
 
-test: install
+# System tools the end-to-end tests drive: tmux (a real terminal for the dashboard) and headless
+# Chromium (opens the HTML report). Installed from Debian's packages when missing; where that is
+# not possible the tests that need them skip and say why.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-deps:
+	@missing=""; \
+	command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
+	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing from Debian's packages"; \
+	    ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq$$missing >/dev/null) \
+	      || echo "warning: could not install$$missing; the tests that need them will skip"; \
+	  else echo "warning:$$missing not installed and no apt-get; the tests that need them will skip"; fi; \
+	fi
+
+test: install test-deps
 	$(BIN)/python -m pytest -q
 
 bench: install
