@@ -348,3 +348,86 @@ def test_schema_1_file_migrates_and_reads_without_layers(tmp_path: Path) -> None
     assert run_cli("layers", str(tmp_path / "missing.db")).returncode == 2
     depth = run_cli("layers", str(db), "--depth", "0")
     assert depth.returncode == 2 and "--depth" in depth.stderr
+
+
+# -- backward time per module ----------------------------------------------------------------
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity forward; its backward sleeps, so the module using it has a known backward time."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        import time
+        time.sleep(0.08)
+        return g
+
+
+class SlowBack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SlowBackward.apply(self.fc(x))
+
+
+def test_backward_time_per_module(tmp_path: Path) -> None:
+    """backward_s: from the gradient reaching the module's output to the gradient of its input
+    being ready, children included; the graph and the results are unchanged."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), SlowBack(), nn.ReLU(), nn.Linear(32, 4))
+    ref = nn.Sequential(nn.Linear(32, 32), SlowBack(), nn.ReLU(), nn.Linear(32, 4))
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(8, 32)
+    db = tmp_path / "bw.db"
+    with memscope.profile(str(db), layers_every=1, layers_first=0):
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # steps end at opt.step()
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+    ref(x).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, 2 * q.grad)  # two backward passes accumulated, same values
+    rows = layer_rows(db)
+    assert profiled_steps(db) == [0, 1]
+    slow, fc, first, root = rows["1"], rows["1.fc"], rows["0"], rows[""]
+    assert slow["backward_s"] >= 0.08  # its own sleeping node
+    assert fc["backward_s"] < 0.08  # a child that does not sleep
+    assert root["backward_s"] >= slow["backward_s"]  # children included
+    assert first["backward_s"] is not None and first["backward_s"] < 0.08  # ends with the pass
+    assert rows["3"]["backward_s"] < 0.08
+    assert all(r["alloc_delta"] is None and r["alloc_peak"] is None for r in rows.values())  # CPU
+    # hooks on graph nodes are gone after the step: a later backward of a kept graph is harmless
+    assert not nn_module._global_forward_hooks
+
+
+@pytest.mark.cuda
+def test_cuda_allocator_delta_and_peak_per_module(tmp_path: Path) -> None:
+    """On CUDA, a module that allocates a 64 MiB temporary has alloc_peak >= 64 MiB and an
+    alloc_delta of about its output; the script's own peak counter is not reset."""
+
+    class Spike(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            tmp = torch.empty(16 * 1024 * 1024, device=x.device)  # 64 MiB, freed on return
+            tmp.fill_(1.0)
+            return x * 2
+
+    model = nn.Sequential(nn.Linear(256, 256), Spike()).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    model(x).sum().backward()
+    torch.cuda.synchronize()
+    peak_before = torch.cuda.max_memory_allocated()
+    db = tmp_path / "cuda.db"
+    with memscope.profile(str(db), layers_every=1, layers_first=0):
+        for _ in range(2):
+            model(x).sum().backward()
+    assert torch.cuda.max_memory_allocated() >= peak_before  # never reset by memscope
+    rows = layer_rows(db)
+    assert rows["1"]["alloc_peak"] >= 64 * 1024 * 1024
+    assert rows["1"]["alloc_delta"] < 64 * 1024 * 1024
+    assert rows["0"]["alloc_peak"] < 64 * 1024 * 1024
+    assert rows[""]["alloc_peak"] >= rows["1"]["alloc_peak"]

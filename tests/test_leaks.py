@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,14 +49,24 @@ def test_growth_rule() -> None:
 
 # -- leaks found in real runs ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("script,held_by,shape,category,per_step", [
-    (EXAMPLES / "leaky.py", "__main__.loss_history", [], "activations", None),
-    (LEAKS / "detached_list.py", "__main__.features", [32, 256], "other", 32 * 256 * 4),
-    (LEAKS / "hook_cache.py", "__main__.model.2.cache", [32, 256], "other", 32 * 256 * 4),
-    (LEAKS / "class_cache.py", "__main__.EmbeddingCache.store", [32, 64], "other", 32 * 64 * 4),
+# site: the line that stored the leaked tensor in its container (for a one-line
+# ``lst.append(t.detach())`` also the line that created it); module: the module whose forward
+# produced the tensor's storage ("" is the model itself), None when no module made it
+@pytest.mark.parametrize("script,held_by,site,module,shape,category,per_step", [
+    (EXAMPLES / "leaky.py", "__main__.loss_history", "examples/leaky.py:36", None, [],
+     "activations", None),
+    (LEAKS / "detached_list.py", "__main__.features", "examples/leaks/detached_list.py:24", "1",
+     [32, 256], "other", 32 * 256 * 4),
+    (LEAKS / "hook_cache.py", "__main__.model.2.cache", "examples/leaks/hook_cache.py:13", "2",
+     [32, 256], "other", 32 * 256 * 4),
+    (LEAKS / "class_cache.py", "__main__.EmbeddingCache.store", "examples/leaks/class_cache.py:16",
+     None, [32, 64], "other", 32 * 64 * 4),
+    (LEAKS / "local_list.py", "__main__.train.<locals>.history", "examples/leaks/local_list.py:24",
+     "", [32, 10], "other", 32 * 10 * 4),
 ])
-def test_leaks_found_with_holder(tmp_path: Path, script: Path, held_by: str, shape: list[int],
-                                 category: str, per_step: int | None) -> None:
+def test_leaks_found_with_holder(tmp_path: Path, script: Path, held_by: str, site: str,
+                                 module: str | None, shape: list[int], category: str,
+                                 per_step: int | None) -> None:
     db = tmp_path / "run.db"
     args = ["--steps", "24"] + (["--width", "128", "--batch", "32"] if script.name == "leaky.py" else [])
     attach(db, script, *args)
@@ -64,6 +75,8 @@ def test_leaks_found_with_holder(tmp_path: Path, script: Path, held_by: str, sha
     assert len(leaks) == 1, leaks
     lk = leaks[0]
     assert lk["held_by"] == held_by
+    assert lk["site"] == site
+    assert lk["module"] == module
     assert lk["shape"] == shape and lk["category"] == category and lk["dtype"] == "float32"
     assert lk["tensors_per_step"] == 1.0
     assert lk["last_step"] == 22 and 2 <= lk["first_step"] <= 6
@@ -78,6 +91,7 @@ def test_leaks_found_with_holder(tmp_path: Path, script: Path, held_by: str, sha
     assert sug["estimated_saving_bytes"] == lk["bytes_per_step"] * report["run"]["steps"]
     assert held_by in sug["evidence"]
     assert (".item()" in sug["how"]) == (script.name == "leaky.py")
+    assert site in sug["how"]
     if script.name != "leaky.py":
         assert "clear or bound" in sug["how"]
 
@@ -120,6 +134,7 @@ def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     assert doc["diff"][0]["count_delta"] == 4
     text = memscope("leaks", str(db)).stdout
     assert "LEAK" in text and "__main__.features" in text
+    assert "stored at examples/leaks/detached_list.py:24" in text and "forward of 1" in text
     bad = memscope("leaks", str(db), "--from", "3")
     assert bad.returncode == 2 and "not an inventoried step" in bad.stderr and "Traceback" not in bad.stderr
     db0 = tmp_path / "off.db"
@@ -152,6 +167,8 @@ for step in range(10):
     history.append(loss)           # a retained graph: a suspect, searched for a holder
     kept.append(x.detach() * 2)    # a plain growing list
 memscope.stop()
+print("tracing off" if sys.gettrace() is None and
+      torch.overrides._get_current_function_mode() is None else "still tracing", file=sys.stderr)
 types = {torch.Tensor, nn.Parameter}
 refs = [weakref.ref(o) for o in gc.get_objects() if type(o) in types]
 del model, opt, history, kept, x, loss
@@ -174,8 +191,13 @@ def test_user_tensors_freed_after_stop(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "run.db") as conn:
         n = conn.execute("SELECT count(*) FROM inventories").fetchone()[0]
         holders = [r[0] for r in conn.execute("SELECT held_by FROM leak_holders")]
+        sites = {r[0].rsplit("/", 1)[-1] for r in conn.execute(
+            "SELECT site FROM leak_holders WHERE site IS NOT NULL")}
     assert n == 10
     assert "__main__.history" in holders and "__main__.kept" in holders
+    # creation-site capture ran too (mode, forward hooks, line tracer), and let go of everything
+    assert sites == {"freed.py:16", "freed.py:17"}
+    assert "tracing off" in out.stderr
 
 
 def test_schema_v2_file_migrates_to_v3(tmp_path: Path) -> None:
@@ -214,3 +236,32 @@ def test_inventory_cadence_stretches_to_the_time_budget() -> None:
     assert AgentOptions.from_mapping({"inventory_every": 1}).inventory_budget == 0.0
     assert AgentOptions.from_mapping({}).inventory_budget == 0.01
     assert AgentOptions.from_mapping({"inventory_every": 2, "inventory_budget": 0.1}).inventory_budget == 0.1
+
+
+def test_frame_local_holder_keeps_nothing_alive() -> None:
+    """A local of a running function is named on every Python version; reading the frame's
+    locals (a snapshot dict before 3.13) keeps no tensor alive, and a ``locals()`` dict the
+    function holds itself is left as it was."""
+    import gc
+    import weakref
+
+    import torch
+
+    from memscope.agent.inventory import find_holder
+
+    def train() -> tuple[Any, bool, bool]:
+        history = [torch.randn(3)]
+        big = torch.randn(1000)
+        ref = weakref.ref(big)
+        found = find_holder(history[0])
+        del big
+        gc.collect()
+        freed = ref() is None
+        mine = locals()
+        find_holder(history[0])
+        return found, freed, "history" in mine and "ref" in mine
+
+    found, freed, intact = train()
+    assert found == (f"{__name__}.test_frame_local_holder_keeps_nothing_alive.<locals>.train"
+                     ".<locals>.history", True)
+    assert freed and intact

@@ -32,7 +32,10 @@ def test_forward_oom_example(run_db: Path) -> None:
     assert "can't allocate memory" in out.stderr  # the script's own traceback, unchanged
     report = report_json(run_db)
     assert report["oom"] is not None
-    assert set(report["oom"]) == {"step", "phase", "module", "requested_bytes", "live_bytes", "message"}
+    # "rank": added by the multi-rank work (analysis/oom.py); None for a single process
+    assert set(report["oom"]) == {"step", "phase", "module", "requested_bytes", "live_bytes", "message",
+                                  "rank"}
+    assert report["oom"]["rank"] is None
     oom = report["oom"]
     assert oom["step"] == 5 and oom["phase"] == "forward" and oom["module"] == "expand"
     assert oom["requested_bytes"] == REQUEST
@@ -371,3 +374,48 @@ def test_whole_model_pickles_under_attach(tmp_path: Path, catch: bool) -> None:
     out = attach(tmp_path / "s.db", *extra, str(script))
     assert out.returncode == 0, out.stderr
     assert "saved True" in out.stdout
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_import_built_snapshot_file(tmp_path: Path) -> None:
+    """tests/data/cuda_snapshot_built.pickle: built to the documented snapshot format by
+    tests/data/make_snapshot.py (see tests/data/README.md), not captured on a GPU."""
+    import subprocess
+    import sys
+
+    snap = DATA / "cuda_snapshot_built.pickle"
+    regen = tmp_path / "again.pickle"
+    subprocess.run([sys.executable, str(DATA / "make_snapshot.py"), str(regen)], check=True,
+                   capture_output=True, timeout=60)
+    assert regen.read_bytes() == snap.read_bytes()  # the checked-in file is the script's output
+    db = tmp_path / "snap.db"
+    out = memscope("import", str(snap), "--db", str(db))
+    assert out.returncode == 0, out.stderr
+    assert "2 segment(s) on 1 device(s), 1 out-of-memory event(s)" in out.stderr
+    report = report_json(db)
+    assert report["run"]["device"] == "cuda:0" and report["run"]["steps"] == 0
+    oom = report["oom"]
+    assert oom["requested_bytes"] == 2 ** 30 + 2 * 2 ** 20
+    assert oom["live_bytes"] == 2 ** 30 + 512 * 2 ** 20 + 512  # active blocks of both segments
+    assert oom["step"] is None and oom["phase"] == "other"
+    text = memscope("oom", str(db))
+    assert text.returncode == 0, text.stderr
+    assert "tried to allocate 1075838976 bytes" in text.stdout
+    assert "requested 1.00 GiB with 1.50 GiB allocated on cuda:0" in text.stdout
+    assert "device free 300.00 MiB" in text.stdout
+    doc = json.loads(memscope("oom", str(db), "--json").stdout)
+    details = doc["details"]
+    assert details["site"] == "/home/user/train.py:44 (train_step)"  # first frame outside torch
+    assert details["reserved_bytes"] == 2 * 2 ** 30 + 2 * 2 ** 20
+    assert details["inactive_split_bytes"] == 512 * 2 ** 20 + 2 * 2 ** 20 - 512
+    assert details["largest_free_block_bytes"] == 512 * 2 ** 20
+    with sqlite3.connect(db) as conn:
+        kinds = dict(conn.execute("SELECT kind, count(*) FROM events GROUP BY kind").fetchall())
+        (trace,) = [json.loads(r[0]) for r in conn.execute(
+            "SELECT data FROM events WHERE kind = 'snapshot_trace'")]
+    assert kinds == {"snapshot_segment": 2, "snapshot_trace": 1, "oom": 1}
+    assert trace["actions"] == {"segment_alloc": 2, "alloc": 4, "free_requested": 1,
+                                "free_completed": 1, "oom": 1}
+

@@ -124,3 +124,48 @@ def test_reader_opens_paths_with_odd_characters(tmp_path: Path) -> None:
     new_run(db)
     with RunReader(db) as reader:
         assert reader.run()["command"] == ["python", "train.py"]
+
+
+def _v3_file(db: Path) -> sqlite3.Connection:
+    """A schema-3 run file (before backward_s / alloc_* / leak module), with one profiled step."""
+    from memscope.store import schema
+
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    for target in range(3):
+        for st in schema._split_statements(schema.MIGRATIONS[target]):
+            conn.execute(st)
+    conn.execute("PRAGMA user_version = 3")
+    conn.execute("INSERT INTO run (id, command, started, ended, status) VALUES (1, '[]', 0, 2, 'finished')")
+    conn.execute("INSERT INTO processes (id, pid, started, status) VALUES (1, 1, 0, 'stopped')")
+    conn.execute("INSERT INTO steps (proc, step, start, end, peak_rss) VALUES (1, 0, 0, 1, 1000)")
+    conn.execute("INSERT INTO layer_stats VALUES (1, 0, 'fc', 'Linear', 1, 4096, 1, 512, 0.002)")
+    conn.execute("INSERT INTO leak_holders VALUES (1, 0, 'other', 'float32', '[2]', 'cpu', 0, NULL,"
+                 " '__main__.x', NULL)")
+    return conn
+
+
+def test_schema_3_file_reads_then_migrates_to_4(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    db = tmp_path / "v3.db"
+    conn = _v3_file(db)
+    # read as it is: the layers view works without the v4 columns (backward_s unknown)
+    out = subprocess.run([sys.executable, "-m", "memscope", "layers", str(db), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (mod,) = json.loads(out.stdout)["modules"]
+    assert mod["module"] == "fc" and mod["activation_bytes"] == 4096
+    assert mod["backward_s"] is None and mod["alloc_peak"] is None
+    migrate(conn, str(db))
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(layer_stats)")}
+    assert {"backward_s", "alloc_delta", "alloc_peak"} <= cols
+    assert "module" in {r[1] for r in conn.execute("PRAGMA table_info(leak_holders)")}
+    # old rows survive with NULL in the new columns
+    assert conn.execute("SELECT saved_bytes, backward_s FROM layer_stats").fetchone() == (4096, None)
+    assert conn.execute("SELECT held_by, module FROM leak_holders").fetchone() == ("__main__.x", None)
+    assert [r[0] for r in conn.execute("SELECT version FROM migrations")] == [4]
+    conn.close()

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 ENV_DB = "MEMSCOPE_DB"
 ENV_OPTIONS = "MEMSCOPE_OPTIONS"  # JSON object of AgentOptions fields
 ENV_SKIP_CHILD_OF = "MEMSCOPE_SKIP_CHILD_OF"  # pid of a launcher's parent: its direct child is a launcher
 ENV_PATH = "MEMSCOPE_PATH"  # where the memscope package lives, for a Python that cannot import it
+# Techniques the agent can apply to an unchanged script (memscope/agent/techniques.py)
+TECHNIQUES = ("mixed_precision", "activation_checkpointing", "lighter_optimizer")
 
 
 @dataclass
@@ -31,6 +33,10 @@ class AgentOptions:
     # forward hook on the model's root module. Off by default: a hook stored on the user's model
     # travels with it when the whole model is pickled (torch.save(model)).
     catch_forward_oom: bool = False
+    max_steps: int = 0  # end the process cleanly after this many completed steps (0: no limit)
+    try_techniques: list[str] = field(default_factory=list)  # see TECHNIQUES (memscope whatif)
+    simulate_gpu: int = 0  # bytes: cap each CUDA device's allocator to this much (0: no cap)
+    tensor_peak: bool = False  # exact peak of live tensor bytes per step, from step 1 (costly: what-ifs)
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
@@ -45,6 +51,13 @@ class AgentOptions:
             raise ValueError(f"inventory_every must be an integer >= 0, not {self.inventory_every!r}")
         if not 0 <= self.inventory_budget <= 1:
             raise ValueError(f"inventory_budget must be between 0 and 1, not {self.inventory_budget!r}")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 0:
+            raise ValueError(f"max_steps must be an integer >= 0, not {self.max_steps!r}")
+        if (not isinstance(self.try_techniques, (list, tuple))
+                or any(t not in TECHNIQUES for t in self.try_techniques)):
+            raise ValueError(f"unknown technique in {self.try_techniques!r}; known: {', '.join(TECHNIQUES)}")
+        if isinstance(self.simulate_gpu, bool) or not isinstance(self.simulate_gpu, int) or self.simulate_gpu < 0:
+            raise ValueError(f"simulate_gpu must be a byte count >= 0, not {self.simulate_gpu!r}")
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self
@@ -72,3 +85,8 @@ class AgentOptions:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+
+def techniques_wanted(options: AgentOptions) -> bool:
+    """Whether the agent needs memscope.agent.techniques (imported only then)."""
+    return bool(options.max_steps or options.try_techniques or options.simulate_gpu or options.tensor_peak)

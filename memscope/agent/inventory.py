@@ -407,8 +407,7 @@ def find_holder(target: Any) -> tuple[str | None, bool]:
     """A name that keeps ``target`` alive: ``module.global``, ``module.Class.attr``,
     ``module.global.attr.attr`` (instance attributes, nn.Module children by name), or, when no
     such root is found, ``module.function.<locals>.name`` from the training thread's frames
-    (second value True; Python 3.13+ only, where reading a frame's locals keeps no copy of
-    them). Lists, tuples, sets and dict values are walked through without a name for their
+    (second value True). Lists, tuples, sets and dict values are walked through without a name for their
     index. Bounded: MAX_DEPTH levels, MAX_OBJECTS referrers."""
     modules: dict[int, str] = {}
     for mname, mod in list(sys.modules.items()):
@@ -459,9 +458,7 @@ def find_holder(target: Any) -> tuple[str | None, bool]:
             frontier = nxt
             if examined > MAX_OBJECTS:
                 break
-        if sys.version_info >= (3, 13):
-            return _from_frames(path), True
-        return None, True
+        return _from_frames(path), True
     finally:
         frontier.clear()
         path.clear()
@@ -544,6 +541,26 @@ def _attrs(suffix: tuple[str, ...]) -> tuple[str, ...]:
     return (first,) + rest
 
 
+_CO_OPTIMIZED = 0x0001  # a function's frame: f_locals is a snapshot, not the namespace
+
+
+def _frame_locals(frame: Any) -> list[tuple[str, Any]]:
+    """A frame's local variables. Before Python 3.13, ``frame.f_locals`` of a function frame is
+    a dict snapshot stored on the frame: it would keep every local it saw alive (a tensor the
+    script deletes afterwards) until something refreshes it. It is emptied right after reading.
+    That is safe: whatever writes a snapshot back to the frame (a tracer's return, a debugger)
+    refreshes it from the frame first; a snapshot the script holds itself (``locals()``) is left
+    alone. Module and class frames' f_locals is their namespace: read only."""
+    d = frame.f_locals
+    items = list(d.items())
+    # 3 references: the frame's, ``d`` and getrefcount's argument. More: the script holds
+    # that very dict (``l = locals()``): emptying it would change what the script sees.
+    if sys.version_info < (3, 13) and frame.f_code.co_flags & _CO_OPTIMIZED and type(d) is dict \
+            and d is not frame.f_globals and sys.getrefcount(d) <= 3:
+        d.clear()
+    return items
+
+
 def _from_frames(path: dict[int, tuple[Any, tuple[str, ...]]]) -> str | None:
     """A local variable of the calling thread's frames (outside memscope and torch) that holds
     an object of the path: ``module.function.<locals>.name``."""
@@ -556,7 +573,7 @@ def _from_frames(path: dict[int, tuple[Any, tuple[str, ...]]]) -> str | None:
             g = frame.f_globals.get("__name__", "")
             if isinstance(g, str) and not g.startswith(("memscope", "torch")):
                 try:
-                    local_items = list(frame.f_locals.items())
+                    local_items = _frame_locals(frame)
                 except Exception:
                     local_items = []
                 for name, v in local_items:
@@ -593,6 +610,7 @@ class InventoryCollector:
         self._steps: list[int] = []
         self._suspects: set[Signature] = set()
         self._searched: set[Signature] = set()
+        self.new_suspects: set[Signature] = set()  # marked by the last ``take``
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step >= self._next
@@ -610,6 +628,7 @@ class InventoryCollector:
         from memscope.analysis.leaks import WARMUP_STEPS  # pure, no torch
 
         suspects = set(self._suspects)
+        self.new_suspects = set()
         inv = take_inventory(optimizers, suspects)
         self._suspects -= suspects
         self._searched |= suspects
@@ -626,6 +645,8 @@ class InventoryCollector:
                 continue
             post = [p for p in h[-3:] if p[0] >= WARMUP_STEPS]
             if sig not in self._searched and len(post) == 3 and post[0][1] < post[1][1] < post[2][1]:
+                if sig not in self._suspects:
+                    self.new_suspects.add(sig)  # the runtime arms creation-site capture for it
                 self._suspects.add(sig)
         if len(self._history) > 4 * MAX_GROUPS:  # churning shapes: keep the largest
             keep = sorted(self._history.items(), key=lambda kv: -kv[1][-1][1])[:MAX_GROUPS]

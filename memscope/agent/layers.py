@@ -24,8 +24,22 @@ distinct roots (a loss module called on its own, say) are prefixed with their cl
 ``NO_MODULE``. Forward calls made during backward (checkpoint recomputation) or with grad
 disabled (evaluation) are not counted.
 
-Not measured: backward time per module (it would need global full backward hooks, which wrap
-outputs and can break in-place ops on them).
+Backward time per module (``backward_s``) without global full backward hooks (they wrap every
+module's inputs and outputs in ``BackwardHookFunction`` and change the graph): at forward-post of
+a counted call, a pre-hook goes on the ``grad_fn`` of each output tensor (the gradient for the
+module's output has arrived: its backward starts) and on the ``grad_fn`` of each input tensor
+(the gradient for its input is ready: its backward is over). When no input has a ``grad_fn``
+(the first layer, data inputs), the end is the end of that backward pass (an autograd engine
+callback queued from the start hook). So ``backward_s`` covers the module's children, like
+``forward_s``, and autograd work interleaved in that window (another branch scheduled between
+them) too. Hooks sit on graph nodes, hold no tensor or node, and their handles are removed at the
+end of the step; a backward that runs after that (a graph kept across steps) is not timed.
+
+On CUDA (only once the script initialised it), each counted call also reads the allocator's
+``allocated`` bytes before and after, and its peak counter (never reset: resetting it would change
+the script's own ``max_memory_allocated``): ``alloc_delta`` is after minus before, ``alloc_peak``
+the highest allocated inside minus before, when the peak counter rose during the call (otherwise
+the higher of before and after).
 """
 
 from __future__ import annotations
@@ -51,6 +65,9 @@ class ModuleStats:
     saved_tensors: int = 0
     output_bytes: int = 0
     forward_s: float = 0.0
+    backward_s: float | None = None  # None: no backward of a counted call ran in the step
+    alloc_delta: int | None = None  # CUDA only
+    alloc_peak: int | None = None  # CUDA only
 
 
 @dataclass
@@ -118,6 +135,11 @@ class LayerProfiler:
         self._refs: set[weakref.ReferenceType[Any]] = set()
         self.live_bytes = 0
         self.max_live = 0
+        # backward timing: per counted call [stats, start, end]; handles of the node hooks
+        self._bw_calls: list[list[Any]] = []
+        self._bw_handles: list[Any] = []
+        self._bw_nodes: dict[Any, tuple[list[Any], list[Any]]] = {}  # (thread, seq nr) -> calls
+        self._cuda = False  # read the allocator around each counted call
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -132,6 +154,10 @@ class LayerProfiler:
         self.live_bytes = self.max_live = 0
         self._local = threading.local()
         self.saved_hooks_error = None
+        self._bw_calls = []
+        self._bw_handles = []
+        self._bw_nodes = {}
+        self._cuda = _cuda_ready()
         self.active = True
         self._handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
         try:
@@ -160,6 +186,13 @@ class LayerProfiler:
             except Exception:
                 pass
         self._handles.clear()
+        for h in self._bw_handles:  # on graph nodes: a graph kept past the step loses them
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._bw_handles = []
+        self._bw_nodes = {}
         if self._saved_ctx is not None:
             if self._saved_thread == threading.get_ident():
                 try:
@@ -170,12 +203,26 @@ class LayerProfiler:
             # inactive (the pack hook returns at once when not active)
             self._saved_ctx = None
             self._saved_thread = None
+        self._sum_backward()
         rows = self._resolve()
         self._stats = {}
         self._live = {}
         self._refs = set()  # dropping the weakrefs drops their callbacks
         self._local = threading.local()
         return rows
+
+    def roots(self) -> list[Any]:
+        """The outermost modules seen on profiled steps that are still alive (the models)."""
+        with self._lock:
+            entries = list(self._roots.values())
+        return [m for m in (e.ref() for e in entries) if m is not None]
+
+    def root_prefix(self, module: Any) -> str:
+        """The name prefix of ``module`` when it is a root seen here ("" for the first model,
+        ``"CrossEntropyLoss:"`` for a later distinct root), "" otherwise."""
+        with self._lock:
+            entry = self._roots.get(id(module))
+        return entry.prefix if entry is not None and entry.ref() is module else ""
 
     # -- module hooks --------------------------------------------------------------------------
 
@@ -200,7 +247,10 @@ class LayerProfiler:
                 root_id = id(module)
                 if counted and root_id not in self._step_roots:
                     self._see_root(module)
-            stack.append([module, root_id, time.perf_counter(), counted])
+            before = peak = None
+            if counted and self._cuda:
+                before, peak = _cuda_alloc()
+            stack.append([module, root_id, time.perf_counter(), counted, before, peak])
         except Exception:
             pass
 
@@ -223,8 +273,87 @@ class LayerProfiler:
             st.calls += 1
             st.forward_s += time.perf_counter() - frame[2]
             st.output_bytes += tensor_tree_bytes(output)
+            if frame[4] is not None:
+                self._cuda_call(st, frame[4], frame[5])
+            if torch.is_grad_enabled():
+                self._hook_backward(st, args, output)
         except Exception:
             pass
+
+    def _cuda_call(self, st: ModuleStats, before: int, peak_before: int) -> None:
+        after, peak_after = _cuda_alloc()
+        # the peak counter is process-wide and never reset here: it says something about this
+        # call only when it rose during it
+        inside = peak_after if peak_after > peak_before else max(before, after)
+        st.alloc_delta = (st.alloc_delta or 0) + after - before
+        st.alloc_peak = max(st.alloc_peak or 0, inside - before)
+
+    # -- backward time -------------------------------------------------------------------------
+
+    def _hook_backward(self, st: ModuleStats, args: Any, output: Any) -> None:
+        """Pre-hooks on the grad_fns of the call's outputs (its backward starts) and inputs (it
+        ends). One hook per node and step, shared by every call that starts or ends there (a
+        module's output node is the next one's input node). Only the nodes in hand are
+        touched; nothing keeps them."""
+        outs = _grad_fns(output)
+        if not outs:
+            return
+        ins = _grad_fns(args)
+        in_ids = {id(n) for n in ins}
+        outs = [n for n in outs if id(n) not in in_ids]  # an identity module: nothing of its own
+        if not outs or len(self._bw_handles) > MAX_BACKWARD_HOOKS:
+            return
+        call: list[Any] = [st, None, None, not ins]  # stats, start, end, ends with the pass
+        self._bw_calls.append(call)
+        for n in outs:
+            self._node_calls(n)[0].append(call)
+        for n in ins:
+            self._node_calls(n)[1].append(call)
+
+    def _node_calls(self, node: Any) -> tuple[list[Any], list[Any]]:
+        """The (starting, ending) calls of a graph node, hooking it on first sight. Nodes are
+        keyed by their sequence number (unique per thread), never by a kept reference."""
+        try:
+            key: Any = (threading.get_ident(), node._sequence_nr())
+        except Exception:
+            key = None
+        entry = self._bw_nodes.get(key) if key is not None else None
+        if entry is None:
+            entry = ([], [])
+            starts, ends = entry
+
+            def fire(_grads: Any) -> None:
+                if not self.active:
+                    return
+                t = time.perf_counter()
+                for c in ends:
+                    if c[1] is not None and c[2] is None:
+                        c[2] = t
+                for c in starts:
+                    if c[1] is None:
+                        c[1] = t
+                        if c[3]:  # nothing marks its end but the end of this backward pass
+                            self._end_with_pass(c)
+
+            self._bw_handles.append(node.register_prehook(fire))
+            if key is not None:
+                self._bw_nodes[key] = entry
+        return entry
+
+    def _end_with_pass(self, call: list[Any]) -> None:
+        def ended() -> None:
+            if call[2] is None and self.active:
+                call[2] = time.perf_counter()
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(ended)
+        except Exception:
+            pass
+
+    def _sum_backward(self) -> None:
+        for st, start, end, _ in self._bw_calls:
+            if start is not None and end is not None and end >= start:
+                st.backward_s = (st.backward_s or 0.0) + (end - start)
+        self._bw_calls = []
 
     def _module_stats(self, module: Any, root_id: int) -> ModuleStats:
         key = (root_id, id(module))
@@ -350,6 +479,11 @@ class LayerProfiler:
                 m.saved_tensors += st.saved_tensors
                 m.output_bytes += st.output_bytes
                 m.forward_s += st.forward_s
+                if st.backward_s is not None:
+                    m.backward_s = (m.backward_s or 0.0) + st.backward_s
+                if st.alloc_delta is not None:
+                    m.alloc_delta = (m.alloc_delta or 0) + st.alloc_delta
+                    m.alloc_peak = max(m.alloc_peak or 0, st.alloc_peak or 0)
         return sorted(merged.values(), key=lambda s: (-s.saved_bytes, s.name))
 
     def breakdown(self, optimizers: list[Any]) -> dict[str, int]:
@@ -390,3 +524,42 @@ class LayerProfiler:
 
 def _unpack(t: Any) -> Any:
     return t
+
+
+MAX_BACKWARD_HOOKS = 100_000  # node hooks per profiled step; calls beyond it are not timed
+
+
+def _grad_fns(obj: Any, depth: int = 0, limit: int = 16) -> list[Any]:
+    """Distinct grad_fns of the tensors in ``obj`` (tuples / lists / dicts, bounded)."""
+    if isinstance(obj, torch.Tensor):  # the common cases first: one tensor, a 1-tuple
+        fn = obj.grad_fn
+        return [fn] if fn is not None else []
+    if type(obj) is tuple and len(obj) == 1 and isinstance(obj[0], torch.Tensor):
+        fn = obj[0].grad_fn
+        return [fn] if fn is not None else []
+    out: list[Any] = []
+    todo = [(obj, 0)]
+    while todo and len(out) < limit:
+        o, d = todo.pop()
+        if isinstance(o, torch.Tensor):
+            fn = o.grad_fn
+            if fn is not None and all(fn is not x for x in out):
+                out.append(fn)
+        elif d < 3 and isinstance(o, (tuple, list)):
+            todo.extend((x, d + 1) for x in o)
+        elif d < 3 and isinstance(o, dict):
+            todo.extend((x, d + 1) for x in o.values())
+    return out
+
+
+def _cuda_ready() -> bool:
+    """CUDA is used by the script (never initialised by memscope)."""
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _cuda_alloc() -> tuple[int, int]:
+    """(allocated, allocated peak) bytes of the current device: host-side counters only."""
+    return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())

@@ -259,11 +259,7 @@ class OomRecorder:
         tracker = agent._tracker
         step, step_start = tracker.step, tracker.step_start
         mods = module_stack(tb)
-        prefix = ""
-        if mods:
-            entry = agent._layers._roots.get(id(mods[0]))
-            if entry is not None and entry.ref() is mods[0]:
-                prefix = entry.prefix
+        prefix = agent._layers.root_prefix(mods[0]) if mods else ""
         names = _names(mods, prefix)
         types = [type(m).__name__ for m in mods]
         del mods

@@ -22,9 +22,9 @@ import psutil
 import torch
 
 from memscope.agent import cuda
-from memscope.agent.config import AgentOptions
-from memscope.agent.inventory import InventoryCollector
+from memscope.agent.config import AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
+from memscope.agent.leak_collector import LeakCollector
 from memscope.agent.oom import OomRecorder, is_oom
 from memscope.agent.sampler import SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.steps import StepTracker
@@ -68,7 +68,7 @@ class Agent:
         self._nvml_last = 0.0
         self._layers_enabled = options.layers_every > 0
         self._layers = LayerProfiler()
-        self._inventory = InventoryCollector(options.inventory_every, options.inventory_budget)
+        self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
 
@@ -93,6 +93,11 @@ class Agent:
         self._tracker.install()
         self._tracker.on_error = self._backward_error
         self._guard_call("oom", self._oom.install)
+        self._whatif = None  # max_steps, try_techniques, simulate_gpu, tensor_peak (memscope whatif)
+        if techniques_wanted(self.options):
+            from memscope.agent.techniques import Controller
+            self._whatif = Controller(self)
+            self._guard_call("techniques", self._whatif.install)
         self.running = True
         self._tick()  # a first sample at t0, before any training
         self._sampler.start()
@@ -104,6 +109,9 @@ class Agent:
             return
         self._tracker.remove()
         self._layers_stop()
+        if self._whatif is not None:
+            self._whatif.stop()
+        self._leaks.stop()
         self._sampler.stop()
         try:
             self._tick()  # the last sample
@@ -124,6 +132,7 @@ class Agent:
         self.running = False
         self._tracker.enabled = False
         self._layers.active = False
+        self._leaks.after_fork()
 
     # -- per-layer profiling -------------------------------------------------------------------
 
@@ -152,7 +161,8 @@ class Agent:
                     "proc": self.proc_id, "step": step, "module": r.name, "type": r.type,
                     "calls": r.calls, "saved_bytes": r.saved_bytes,
                     "saved_tensors": r.saved_tensors, "output_bytes": r.output_bytes,
-                    "forward_s": r.forward_s})
+                    "forward_s": r.forward_s, "backward_s": r.backward_s,
+                    "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak})
             if self._layers.saved_hooks_error is None:
                 bd = self._layers.breakdown(list(self._tracker.optimizers))
                 self._writer.insert("step_breakdown", {"proc": self.proc_id, "step": step, **bd})
@@ -278,37 +288,10 @@ class Agent:
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok"})
-        self._inventory_step(step, end - start)
+        self._leaks.step_closed(step, end - start)  # inventories, leak suspects' sites
+        if self._whatif is not None:
+            self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)
-
-    # -- tensor inventories (leak detection) ---------------------------------------------------
-
-    def _inventory_step(self, step: int, step_s: float) -> None:
-        """At the boundary that closed ``step`` (which took ``step_s``): a tensor inventory when
-        one is due, and when the next is due given what this one cost."""
-        if not (self.running and self._inventory.due(step)):
-            return
-        try:
-            inv = self._inventory.take(step, list(self._tracker.optimizers))
-        except Exception as exc:
-            self._inventory.every = 0
-            self.event("collector_disabled", f"inventory: {type(exc).__name__}: {exc}")
-            return
-        self._inventory.schedule(step, inv.duration_s, step_s)
-        self._writer.insert("inventories", {
-            "proc": self.proc_id, "step": step, "tensors": inv.tensors, "bytes": inv.bytes,
-            "graph_bytes": inv.graph_bytes, "duration_s": inv.duration_s,
-            "truncated": int(inv.truncated)})
-        for (cat, dtype, shape, device, rg, fn), g in inv.groups.items():
-            self._writer.insert("inventory_groups", {
-                "proc": self.proc_id, "step": step, "category": cat, "dtype": dtype,
-                "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
-                "count": g.count, "bytes": g.bytes, "graph_bytes": g.graph_bytes})
-        for (cat, dtype, shape, device, rg, fn), held_by in inv.holders.items():
-            self._writer.insert("leak_holders", {
-                "proc": self.proc_id, "step": step, "category": cat, "dtype": dtype,
-                "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
-                "held_by": held_by, "site": None})
 
     # -- out-of-memory post-mortems ------------------------------------------------------------
 
@@ -324,8 +307,7 @@ class Agent:
         self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
         self._oom.record_observed_leftovers(self)
         if self.options.catch_forward_oom:
-            roots = [e.ref() for e in list(self._layers._roots.values())]
-            self._oom.hook_roots([r for r in roots if r is not None])
+            self._oom.hook_roots(self._layers.roots())
 
     def _oom_finish(self) -> None:
         """At stop: remove the hooks; a step in progress that hit an OOM is a failed step."""

@@ -23,6 +23,8 @@ class Hotspot:
     output_bytes: int
     forward_s: float
     calls: int
+    backward_s: float | None = None  # None: not measured (schema < 4, or no backward ran)
+    alloc_peak: int | None = None  # CUDA: highest allocated bytes inside its forward, over before
 
 
 def fold_name(module: str, depth: int | None) -> str:
@@ -52,6 +54,8 @@ def hotspots(rows: Iterable[dict[str, Any]], depth: int | None = None) -> list[H
                 "output_bytes": int(own["output_bytes"] or 0) if own else 0,
                 "forward_s": float(own["forward_s"] or 0.0) if own else 0.0,
                 "calls": int(own["calls"] or 0) if own else 0,
+                "backward_s": own.get("backward_s") if own else None,
+                "alloc_peak": own.get("alloc_peak") if own else None,
                 "own": own is not None,
             }
         a["activation_bytes"] += int(r["saved_bytes"] or 0)
@@ -59,10 +63,14 @@ def hotspots(rows: Iterable[dict[str, Any]], depth: int | None = None) -> list[H
             a["output_bytes"] += int(r["output_bytes"] or 0)
             a["forward_s"] += float(r["forward_s"] or 0.0)
             a["calls"] += int(r["calls"] or 0)
+            if r.get("backward_s") is not None:
+                a["backward_s"] = (a["backward_s"] or 0.0) + float(r["backward_s"])
+            if r.get("alloc_peak") is not None:  # folded rows: the largest child peak
+                a["alloc_peak"] = max(a["alloc_peak"] or 0, int(r["alloc_peak"]))
     total = sum(a["activation_bytes"] for a in acc.values())
     out = [Hotspot(name, a["type"] or None, a["activation_bytes"],
                    (a["activation_bytes"] / total) if total else 0.0,
-                   a["output_bytes"], a["forward_s"], a["calls"])
+                   a["output_bytes"], a["forward_s"], a["calls"], a["backward_s"], a["alloc_peak"])
            for name, a in acc.items()]
     out.sort(key=lambda h: (-h.activation_bytes, h.module))
     return out

@@ -93,12 +93,15 @@ def series(steps: Sequence[int], rows: Iterable[dict[str, Any]]) -> dict[Sig, li
 def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                holders: Iterable[dict[str, Any]] = ()) -> list[Leak]:
     """Leaks from one process's inventory rows, most bytes per step first."""
+    # holder rows come from two places: the holder search (held_by) and creation-site capture
+    # (site, module; schema 4); the first non-null value of each field wins
     held: dict[Sig, dict[str, Any]] = {}
     for h in holders:
         sig = tuple(h[c] for c in SIG_COLUMNS)
-        prev = held.get(sig)
-        if prev is None or (prev["held_by"] is None and h["held_by"] is not None):
-            held[sig] = h
+        d = held.setdefault(sig, {"held_by": None, "site": None, "module": None})
+        for f in d:
+            if d[f] is None and h.get(f) is not None:
+                d[f] = h[f]
     out: list[Leak] = []
     for sig, pts in series(steps, rows).items():
         g = growth(pts)
@@ -108,7 +111,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
         out.append(Leak(bytes_per_step=int(round(g.bytes_per_step)),
                         tensors_per_step=round(g.tensors_per_step, 3),
                         shape=_shape(sig[2]), dtype=sig[1], category=sig[0],
-                        held_by=h.get("held_by"), site=h.get("site"), module=None,
+                        held_by=h.get("held_by"), site=h.get("site"), module=h.get("module"),
                         first_step=g.first_step, last_step=g.last_step, grad_fn=sig[5],
                         bytes_now=pts[-1][1]))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
@@ -184,6 +187,8 @@ def diff(reader: "RunReader", proc: int, a: int, b: int) -> list[GroupDiff]:
 def fix_how(leak: Leak) -> str:
     """The likely fix for a leak, from what it is."""
     where = f" in {leak.held_by}" if leak.held_by else ""
+    if leak.site:
+        where += f" (at {leak.site})"
     if leak.grad_fn and leak.shape == []:
         return (f"store loss.item() (a Python float){where} instead of the loss tensor: "
                 "the tensor keeps its whole autograd graph and saved activations alive")

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"step": step, "depth": args.depth, "profiled_steps": steps, "modules": [
             {"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
              "share": round(h.share, 4), "output_bytes": h.output_bytes,
-             "forward_s": h.forward_s, "calls": h.calls} for h in spots]}, indent=2))
+             "forward_s": h.forward_s, "backward_s": h.backward_s, "alloc_peak": h.alloc_peak,
+             "calls": h.calls} for h in spots]}, indent=2))
     else:
         print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})")
         print(render_hotspots(spots))

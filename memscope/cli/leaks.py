@@ -90,6 +90,7 @@ def render(a: int, b: int, steps: list[int], changes: list[GroupDiff], found: li
                      f"+{human_bytes(lk.bytes_per_step)}/step, {lk.tensors_per_step:g} tensors/step, "
                      f"steps {lk.first_step}–{lk.last_step}")
         lines.append(f"      held by {lk.held_by or 'unknown'}"
-                     + (f" · created at {lk.site}" if lk.site else ""))
+                     + (f" · stored at {lk.site}" if lk.site else "")
+                     + (f" · from the forward of {lk.module or '(model)'}" if lk.module is not None else ""))
         lines.append(f"      fix: {fix_how(lk)}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -168,9 +168,17 @@ CREATE TABLE leak_holders (
 """
 
 
+_V4 = """
+ALTER TABLE layer_stats ADD COLUMN backward_s REAL;   -- time in its backward, children included (NULL: not measured)
+ALTER TABLE layer_stats ADD COLUMN alloc_delta INTEGER; -- CUDA: allocated bytes after its forward minus before
+ALTER TABLE layer_stats ADD COLUMN alloc_peak INTEGER;  -- CUDA: highest allocated bytes seen inside its forward, minus before
+ALTER TABLE leak_holders ADD COLUMN module TEXT;      -- the module whose forward produced the group's tensors, or NULL
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -9,7 +9,8 @@ What lands in the run file (no schema change: the ``events`` table):
   bytes, block count, the segment's first stack frame);
 * ``snapshot_trace``: one per device trace (entry counts by action);
 * ``oom``: one per trace entry of action ``oom`` (requested = its size, ``device_free`` from the
-  entry, allocated = the device's allocated bytes in the snapshot's segments).
+  entry, allocated = the device's allocated bytes in the snapshot's segments, fragmentation:
+  inactive bytes in partly used segments and the largest inactive block).
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def import_snapshot(snapshot_path: str, db: str, force: bool = False) -> dict[st
                                  "started": now, "ended": now, "status": "stopped"})
     allocated: dict[int, int] = {}
     reserved: dict[int, int] = {}
+    # fragmentation: inactive blocks inside segments that are partly in use (the allocator cannot
+    # give them back), and the largest inactive block (the biggest request that fits unsplit)
+    split: dict[int, int] = {}
+    largest_free: dict[int, int] = {}
     rows: list[tuple[Any, ...]] = []
     for s in segments:
         dev = _int(s.get("device")) or 0
@@ -101,6 +106,10 @@ def import_snapshot(snapshot_path: str, db: str, force: bool = False) -> dict[st
         total = _int(s.get("total_size")) or 0
         allocated[dev] = allocated.get(dev, 0) + alloc
         reserved[dev] = reserved.get(dev, 0) + total
+        inactive = [_int(b.get("size")) or 0 for b in blocks if b.get("state") == "inactive"]
+        if inactive and len(inactive) < len(blocks):
+            split[dev] = split.get(dev, 0) + sum(inactive)
+        largest_free[dev] = max([largest_free.get(dev, 0)] + inactive)
         frames = s.get("frames") or next((b.get("frames") for b in blocks if b.get("frames")), None)
         data = {"device": dev, "address": _int(s.get("address")), "total_size": total,
                 "allocated_size": alloc, "active_size": _int(s.get("active_size")),
@@ -130,6 +139,8 @@ def import_snapshot(snapshot_path: str, db: str, force: bool = False) -> dict[st
                     "requested_exact": True, "device": f"cuda:{dev}",
                     "live_bytes": allocated.get(dev), "reserved_bytes": reserved.get(dev),
                     "device_free_bytes": _int(entry.get("device_free")), "site": site,
+                    "inactive_split_bytes": split.get(dev, 0),
+                    "largest_free_block_bytes": largest_free.get(dev, 0),
                     "stream": _int(entry.get("stream")), "time_us": _int(entry.get("time_us"))}
             rows.append((proc, now, None, "oom", message, json.dumps(data)))
         rows.append((proc, now, None, "snapshot_trace", f"device {dev} trace: {len(trace)} entries",
