@@ -1,0 +1,596 @@
+"""Suggestions: which memory-saving techniques apply to a run, and how much each would save.
+
+Pure functions over a run file (no torch). Each rule reads measured numbers (the breakdown at
+the peak, the per-layer saved bytes of the profiled step nearest the peak, the parameter and
+optimizer tensors of the last inventory, the CUDA allocator samples, the detected leaks) and
+returns a :class:`Suggestion` only when the technique applies: not mixed precision for a run
+that is already 16-bit, not checkpointing when activations are a small share, not sharding on
+one process. Savings are bytes of the training peak; the list is ranked by saving.
+
+The share thresholds compare against the tensor total of the breakdown (parameters, gradients,
+optimizer state, activations; plus ``other`` on CUDA, where it is allocator bytes of tensors).
+On CPU ``other`` is host RSS of the interpreter and libraries, which no technique changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from memscope.analysis.hotspots import layer_rows
+from memscope.analysis.leaks import has_inventories, suggestions as leak_suggestions
+from memscope.analysis.summary import RunSummary, summarize
+from memscope.store.reader import RunReader
+
+ACTIVATION_SHARE = 0.30  # activations at least this share of the tensors: checkpointing, accumulation
+OPTIMIZER_SHARE = 0.25  # optimizer state at least this share: lighter optimizer, offload
+MIN_SHARE = 0.05  # a suggestion saving less than this share of the tensors is not worth the change
+MIN_SAVING = 1 << 20  # nor one saving less than 1 MiB (leak fixes excepted: leaks keep growing)
+ADAM_RATIO = 1.5  # optimizer state / trainable parameter bytes above this: two states per parameter
+ACCUMULATION = 2  # gradient accumulation: the micro-batch is divided by this
+NF4_BYTES = 4.5 / 8  # 4-bit NF4 weights with one fp32 absmax per 64 weights (QLoRA, no double quant)
+FRAGMENTED_SHARE = 0.10  # inactive split bytes at least this share of reserved: fragmented
+ELEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
+LOW_PRECISION = ("float16", "bfloat16")
+# Modules whose saved tensors autocast leaves in fp32: norms take the fp32 residual stream,
+# embeddings save integer indices. Everything else the forward saves, and what a loss computed
+# on the forward's 16-bit output saves, becomes 16-bit under the model's autocast.
+_KEEPS_FP32 = re.compile(r"Norm|Embedding")
+_ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
+_BLOCK = re.compile(r"^(?:(.*)\.)?(\d+)$")
+
+
+@dataclass
+class Suggestion:
+    technique: str
+    estimated_saving_bytes: int
+    evidence: str
+    how: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"technique": self.technique, "estimated_saving_bytes": self.estimated_saving_bytes,
+                "evidence": self.evidence, "how": self.how}
+
+
+@dataclass
+class Facts:
+    """The measured numbers the rules read, gathered once."""
+
+    device: str
+    world_size: int
+    steps: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    other: int
+    tensor_total: int
+    layers: list[dict[str, Any]]  # layer_stats rows of the profiled step nearest the peak
+    layer_step: int | None
+    param_groups: list[dict[str, Any]]  # inventory groups of the parameters (last inventory)
+    activation_dtypes: dict[str, int]  # bytes of inventoried tensors with a grad_fn, by dtype
+    cuda_peak: dict[str, Any] | None  # the cuda_samples row where reserved was highest
+    tensor_peak: int | None = None  # exact live tensor bytes peak (``tensor_peak`` option: what-ifs)
+
+    def share(self, n: int) -> float:
+        return n / self.tensor_total if self.tensor_total else 0.0
+
+    @property
+    def trainable_bytes(self) -> int:
+        b = sum(g["bytes"] for g in self.param_groups if g["requires_grad"])
+        return b or self.parameters
+
+
+def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Suggestion]:
+    """The techniques that apply to this run, biggest estimated saving first."""
+    s = summary if summary is not None else summarize(reader)
+    facts = gather(reader, s)
+    out: list[Suggestion] = []
+    if facts is not None:
+        for rule in RULES:
+            out.extend(x for x in rule(facts) if x.estimated_saving_bytes >= MIN_SAVING)
+    out.extend(Suggestion(**d) for d in leak_suggestions(s.leaks, s.steps))
+    out.sort(key=lambda x: (-x.estimated_saving_bytes, x.technique))
+    return out
+
+
+def gather(reader: RunReader, s: RunSummary) -> Facts | None:
+    proc = s.main_proc
+    bd = s.peak.breakdown or {}  # none without a profiled step: only the allocator rule applies
+    if proc is None:
+        return None
+    cuda = s.device.startswith("cuda")
+    keys = ("parameters", "gradients", "optimizer_state", "activations")
+    total = sum(int(bd.get(k) or 0) for k in keys) + (int(bd.get("other") or 0) if cuda else 0)
+    layers = layer_rows(reader, proc, s.hotspot_step) if s.hotspot_step is not None else []
+    params: list[dict[str, Any]] = []
+    act_dtypes: dict[str, int] = {}
+    if has_inventories(reader):
+        last = reader.scalar("SELECT max(step) FROM inventories WHERE proc = ?", (proc,))
+        if last is not None:
+            params = reader.query(
+                "SELECT dtype, shape, requires_grad, sum(bytes) AS bytes FROM inventory_groups "
+                "WHERE proc = ? AND step = ? AND category = 'parameters' "
+                "GROUP BY dtype, shape, requires_grad", (proc, last))
+        for r in reader.query(
+                "SELECT dtype, sum(bytes + graph_bytes) AS b FROM inventory_groups WHERE proc = ? "
+                "AND category = 'activations' AND grad_fn IS NOT NULL GROUP BY dtype", (proc,)):
+            act_dtypes[r["dtype"]] = int(r["b"] or 0)
+    cuda_peak = None
+    if cuda:
+        rows = reader.query("SELECT * FROM cuda_samples WHERE reserved IS NOT NULL "
+                            "ORDER BY reserved DESC, t LIMIT 1")
+        cuda_peak = rows[0] if rows else None
+    world = max([int(p.get("world_size") or 1) for p in s.processes] or [1])
+    peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
+             if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
+    return Facts(device=s.device, world_size=world, steps=s.steps,
+                 parameters=int(bd.get("parameters") or 0), gradients=int(bd.get("gradients") or 0),
+                 optimizer_state=int(bd.get("optimizer_state") or 0),
+                 activations=int(bd.get("activations") or 0), other=int(bd.get("other") or 0),
+                 tensor_total=total, layers=layers, layer_step=s.hotspot_step,
+                 param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
+                 tensor_peak=max(peaks) if peaks else None)
+
+
+# -- the rules -----------------------------------------------------------------------------------
+
+def mixed_precision(f: Facts) -> list[Suggestion]:
+    """The model's forward under bf16 autocast (what ``memscope whatif --try mixed_precision``
+    applies). Each term of the saving at the peak is a tensor that changes size:
+
+    * saved for backward by modules autocast runs in 16-bit (matmuls, and what consumes their
+      16-bit outputs): half their bytes. Norms and embeddings keep fp32 (autocast's fp32 list;
+      the residual stream that feeds the norms stays fp32). Code after the model (a loss on its
+      output, outside any module or as its own module) gets the 16-bit output and halves too;
+    * the model's own input, when a 16-bit layer saves it (the first layer of a Sequential): the
+      script still holds the fp32 batch, so the layer's 16-bit copy adds half its bytes instead
+      of saving them;
+    * the 16-bit copy autocast makes of each weight matrix, saved for backward by its matmul:
+      2 bytes per weight, a cost;
+    * the working set at the peak besides the saved tensors and the model states (the op output
+      being made, the logits the script holds, the loss gradient): outputs and gradients of
+      16-bit ops, so half. Known exactly only from a what-if baseline (its live-tensor peak);
+      taken as 0 otherwise."""
+    pbytes = sum(g["bytes"] for g in f.param_groups)
+    fp32_params = sum(g["bytes"] for g in f.param_groups if g["dtype"] in ("float32", "float64"))
+    if pbytes and fp32_params < 0.5 * pbytes:
+        return []  # the model itself is 16-bit already
+    low = sum(b for d, b in f.activation_dtypes.items() if d in LOW_PRECISION)
+    if low and low >= 0.5 * sum(f.activation_dtypes.values()):
+        return []  # activations seen at step boundaries are 16-bit: autocast is on
+    model_input = 0
+    if f.layers:
+        total = sum(int(r["saved_bytes"] or 0) for r in f.layers)
+        kept = sum(int(r["saved_bytes"] or 0) for r in f.layers if not _halves(r))
+        model_input = _input_saved_by_16bit_layer(f.layers)
+        # saved bytes summed over the step can exceed the most alive at once (the breakdown's)
+        halvable = max(0, min(total - kept, f.activations) - model_input)
+        basis = (f"{_b(halvable)} saved for backward by modules autocast runs in 16-bit and by "
+                 f"code after the model, {_b(kept)} by norms and embeddings (kept fp32)")
+        if model_input:
+            basis += f", {_b(model_input)} of the model's fp32 input (held by the script: copied)"
+    else:
+        halvable = f.activations
+        basis = f"{_b(halvable)} of fp32 activations (no per-layer profile to refine it)"
+    if f.param_groups:
+        copies = 2 * sum(g["bytes"] // ELEM.get(g["dtype"], 4) for g in f.param_groups
+                         if g["requires_grad"] and _ndim(g["shape"]) >= 2
+                         and g["dtype"] in ("float32", "float64"))
+        copies_of = "weight matrices"
+    else:
+        # no inventory (what-if runs take none): every fp32 parameter counted as cast, an upper
+        # bound (biases, norm weights and untied embedding tables are not copied for backward)
+        copies = f.parameters // 2
+        copies_of = "parameters (no inventory: all counted)"
+    working = _working_set(f)
+    saving = halvable // 2 - model_input // 2 - copies + working // 2
+    if saving <= 0 or f.share(saving) < MIN_SHARE:
+        return []
+    dev = "cuda" if f.device.startswith("cuda") else "cpu"
+    parts = [f"halving those saves {_b(halvable // 2)}"]
+    if working:
+        parts.append(f"halving the {_b(working)} working set at the peak (live-tensor peak minus "
+                     f"states and saved activations) {_b(working // 2)}")
+    parts.append(f"minus {_b(copies)} of bf16 copies of {copies_of} autocast keeps for backward")
+    if model_input:
+        parts.append(f"minus {_b(model_input // 2)} for the bf16 copy of the input")
+    return [Suggestion(
+        "mixed_precision", saving,
+        f"parameters are fp32 ({_b(fp32_params or f.parameters)}) and activations fp32; {basis}; "
+        + "; ".join(parts),
+        f'run the model\'s forward under autocast: `with torch.autocast("{dev}", '
+        "dtype=torch.bfloat16): out = model(x)`, and the loss, backward and optimizer.step() "
+        "after it as before (the loss then works on the 16-bit output); bf16 needs no "
+        "GradScaler. With fp16 instead (GPUs without bf16), add `scaler = torch.amp.GradScaler()`: "
+        "`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`. "
+        "Weights, gradients and optimizer state stay fp32.")]
+
+
+def _working_set(f: Facts) -> int:
+    """Live tensor bytes at the peak besides the model states and the saved activations: the op
+    output being made, tensors the script holds (logits), the loss gradient. Known only from the
+    exact live-tensor peak of a what-if baseline; 0 otherwise. States are counted live at the
+    peak (gradients of the previous step too): a lower bound, so no saving is overstated."""
+    if f.tensor_peak is None:
+        return 0
+    states = f.parameters + f.gradients + f.optimizer_state
+    return max(0, f.tensor_peak - states - f.activations)
+
+
+def _halves(row: dict[str, Any]) -> bool:
+    """Whether what the module saves becomes 16-bit once the model's forward runs under
+    autocast. Code outside modules and loss modules called on their own (``"Class:"`` roots)
+    run after the forward on its 16-bit output, so they halve (integer targets they save do
+    not: a few bytes per sample)."""
+    return not _KEEPS_FP32.search(row["type"] or "")
+
+
+def _input_saved_by_16bit_layer(layers: list[dict[str, Any]]) -> int:
+    """Bytes the first layer of a Sequential model saves when that layer runs in 16-bit: the
+    model's input, which the script holds in fp32 (only a Sequential says which child comes
+    first; for other models the input's copy is not seen)."""
+    rows = {r["module"]: r for r in layers}
+    root = rows.get("")
+    if root is None or root["type"] != "Sequential":
+        return 0
+    kids = sorted((int(n), n) for n in rows if n and n.isdigit())
+    for _, n in kids:
+        inner = [r for k, r in rows.items() if k.startswith(n + ".") and int(r["saved_bytes"] or 0)]
+        if inner:
+            return 0  # a block: which of its layers sees the input first is not known
+        r = rows[n]
+        if int(r["saved_bytes"] or 0) > 0:
+            return int(r["saved_bytes"]) if _halves(r) else 0
+    return 0
+
+
+@dataclass
+class CheckpointPlan:
+    """What ``memscope whatif --try activation_checkpointing`` applies, and a user would write:
+
+    * ``mode == "blocks"``: each repeated block (children of one type with layers of their own)
+      wrapped in ``checkpoint(block, x)``: every block checkpointed, ``segments`` = the blocks;
+    * ``mode == "sequential"``: ``checkpoint_sequential(container, segments, x)`` over the
+      children of a Sequential. torch checkpoints segments of ``len // segments`` children and
+      runs the last one (with the remainder) plainly: its activations are saved as usual."""
+
+    container: str
+    blocks: list[dict[str, Any]]  # name, type, saved (own + descendants), output bytes
+    mode: str
+    segments: int
+    kept: int  # the checkpointed segments' inputs, kept from the forward into the backward
+    plain: int  # what the last, not checkpointed segment saves (sequential mode)
+    work: int  # the largest checkpointed segment's saved bytes, recomputed during backward
+    grads: int  # gradients alive while that segment is back-propagated
+    in_blocks: int  # what the blocks save without checkpointing
+    outside: int  # activations outside the blocks (unchanged)
+    working: int = 0  # the working set at the peak besides saved tensors (see below)
+
+    @property
+    def after(self) -> int:
+        """Activations at the peak once checkpointed: the kept inputs plus the larger of
+
+        * the end of the forward: what is saved outside the blocks and by the plain segment,
+          plus the working set the baseline had at its peak (the op output being made, the
+          loss and its gradient: the same tensors, checkpointing does not change them);
+        * the backward of the largest checkpointed segment: its activations recomputed, plus
+          the gradients alive while a layer in it is back-propagated: the gradient of the
+          layer's output and the one it computes for its input, each the size of that tensor,
+          so at most twice the biggest tensor in the segment."""
+        return self.kept + max(self.outside + self.plain + self.working, self.work + self.grads)
+
+    @property
+    def before(self) -> int:
+        """The same moment without checkpointing: every saved activation plus the working set."""
+        return self.in_blocks + self.outside + self.working
+
+    @property
+    def segment_size(self) -> int:
+        return 1 if self.mode == "blocks" else len(self.blocks) // self.segments
+
+
+def activation_checkpointing(f: Facts) -> list[Suggestion]:
+    """Keep only the input of each checkpointed segment; during backward one segment at a time
+    is recomputed, so its activations come back as the recompute working set."""
+    if f.share(f.activations) < ACTIVATION_SHARE:
+        return []
+    plan = checkpoint_plan(f)
+    if plan is None:
+        return []
+    saving = plan.before - plan.after
+    if saving <= 0 or f.share(saving) < MIN_SHARE:
+        return []
+    blocks = plan.blocks
+    names = [b["name"] for b in blocks]
+    span = f"{names[0]} … {names[-1]}" if len(names) > 2 else ", ".join(names)
+    types = list(dict.fromkeys(b["type"] or "?" for b in blocks))
+    kind = types[0] if len(types) == 1 else "/".join(types[:4])
+    if plan.mode == "blocks":
+        how = (f"wrap each of the {len(names)} {kind} blocks ({span}): in the parent's forward, "
+               "`x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)` instead of "
+               "`x = block(x)`; backward recomputes each block's forward (about one extra forward "
+               "pass of compute)")
+        shape = f"each of the {len(names)} blocks checkpointed"
+    else:
+        target = plan.container or "model"
+        k = plan.segment_size
+        how = (f"run {target} ({len(names)} layers {span}) through "
+               f"`x = torch.utils.checkpoint.checkpoint_sequential({target}, {plan.segments}, x, "
+               f"use_reentrant=False)` instead of `x = {target}(x)`: {plan.segments - 1} "
+               f"checkpointed segment(s) of {k} layers, the last {len(names) - k * (plan.segments - 1)} "
+               "run as usual; backward recomputes each checkpointed segment (up to one extra "
+               "forward pass of compute)")
+        shape = (f"{plan.segments} segments of {k} (torch leaves the last, "
+                 f"{names[k * (plan.segments - 1)]} on, uncheckpointed: it saves {_b(plan.plain)})")
+    return [Suggestion(
+        "activation_checkpointing", saving,
+        f"activations {_b(f.activations)} ({f.share(f.activations):.0%} of {_b(f.tensor_total)} "
+        f"of tensors at the peak); {len(names)} numbered {kind} children of "
+        f"{plan.container or '(model)'} save {_b(plan.in_blocks)} (profiled step {f.layer_step}); "
+        f"{shape}: they keep {_b(plan.kept)} of segment inputs; in backward the largest "
+        f"segment comes back ({_b(plan.work)}) with {_b(plan.grads)} of gradients; "
+        f"{_b(plan.outside)} outside the blocks stays"
+        + (f"; working set at the peak {_b(plan.working)}" if plan.working else ""),
+        how)]
+
+
+def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
+    """The numbered children (a ModuleList's blocks, a Sequential's layers) that save the most,
+    checkpointed the way the what-if trial does it (memscope.agent.techniques): repeated blocks
+    one by one; a Sequential of mixed layers with ``checkpoint_sequential`` in the number of
+    segments that leaves the fewest activations (the trial is told that number)."""
+    rows = {r["module"]: r for r in f.layers}
+    containers: dict[str, list[str]] = {}
+    for name in rows:
+        m = _BLOCK.match(name or "")
+        if m:
+            containers.setdefault(m.group(1) or "", []).append(name)
+    best = None
+    for parent, names in containers.items():
+        if len(names) < 2:
+            continue
+        names.sort(key=lambda n: int(n.rsplit(".", 1)[-1]))
+        blocks = []
+        for n in names:
+            saved = sum(int(r["saved_bytes"] or 0) for k, r in rows.items()
+                        if k == n or k.startswith(n + "."))
+            # the biggest tensor the block handles: its output, or a tensor one of its layers
+            # saved (a layer's saved bytes over its tensor count: their mean, a lower bound)
+            largest = max([int(rows[n]["output_bytes"] or 0)] + [
+                int(r["saved_bytes"] or 0) // max(1, int(r["saved_tensors"] or 1))
+                for k, r in rows.items() if k == n or k.startswith(n + ".")])
+            blocks.append({"name": n, "type": rows[n]["type"], "saved": saved,
+                           "own": int(rows[n]["saved_bytes"] or 0),
+                           "output": int(rows[n]["output_bytes"] or 0), "largest": largest,
+                           "inner": any(k.startswith(n + ".") for k in rows)})
+        total = sum(b["saved"] for b in blocks)
+        if best is None or total > best[2]:
+            best = (parent, blocks, total)
+    if best is None or best[2] <= 0:
+        return None
+    parent, blocks, total = best
+    outside = max(0, f.activations - total)
+    working = _working_set(f)
+    # a block's input is the previous block's output; the first one's is taken as its own output
+    inputs = [blocks[i - 1]["output"] if i else blocks[0]["output"] for i in range(len(blocks))]
+
+    def recomputed(start: int, end: int) -> tuple[int, int]:
+        """What backward brings back for the segment blocks[start:end], and its gradients.
+        The segment's input is kept by the checkpoint; unless the layer that made it saved it
+        (then it is charged outside the segment), the baseline charged it to the layer in the
+        segment that saved it first, and on recompute that layer saves the kept storage again:
+        not new memory, so it is taken out (a segment whose first layers save no input, a ReLU,
+        is understated by that much; the forward end usually sets the peak there)."""
+        saved = sum(b["saved"] for b in blocks[start:end])
+        prev = blocks[start - 1] if start else None
+        by_producer = prev is not None and prev["output"] > 0 and prev["own"] >= prev["output"]
+        if not by_producer:
+            saved -= min(inputs[start], saved)
+        return saved, 2 * max(b["largest"] for b in blocks[start:end])
+
+    if len({b["type"] for b in blocks}) == 1 and all(b["inner"] for b in blocks):
+        # repeated blocks (choose_blocks in the agent): each wrapped, all checkpointed
+        work, grads = max((recomputed(i, i + 1) for i in range(len(blocks))), key=sum)
+        return CheckpointPlan(parent, blocks, "blocks", len(blocks), sum(inputs), 0,
+                              work, grads, total, outside, working)
+    container = rows.get(parent)
+    if container is None or container["type"] != "Sequential":
+        return None  # the trial checkpoints a Sequential's children only
+    n, choice = len(blocks), None
+    for segments in range(2, n + 1):
+        k = n // segments
+        last = k * (segments - 1)  # torch's first uncheckpointed child
+        starts = range(0, last, k)
+        kept = sum(inputs[i] for i in starts)
+        work, grads = max((recomputed(i, i + k) for i in starts), key=sum)
+        # the plain segment saves as before, and its input (the last checkpoint's output) stays
+        # alive to the end of the forward: checkpoint_sequential's local variable holds it
+        plain = sum(b["saved"] for b in blocks[last:]) + inputs[last]
+        plan = CheckpointPlan(parent, blocks, "sequential", segments, kept, plain, work, grads,
+                              total, outside, working)
+        if choice is None or plan.after < choice.after:  # a tie keeps fewer segments:
+            choice = plan  # (segments - 1) * k layers are recomputed, fewer with fewer segments
+    return choice
+
+
+def checkpoint_plan_for(reader: RunReader, summary: RunSummary | None = None) -> CheckpointPlan | None:
+    """The checkpointing plan the estimator models for this run (what-if trials apply it)."""
+    s = summary if summary is not None else summarize(reader)
+    facts = gather(reader, s)
+    return checkpoint_plan(facts) if facts is not None else None
+
+
+def gradient_accumulation(f: Facts) -> list[Suggestion]:
+    """Activations scale with the micro-batch: dividing it by k divides them by k."""
+    if f.share(f.activations) < ACTIVATION_SHARE:
+        return []
+    k = ACCUMULATION
+    saving = f.activations - f.activations // k
+    return [Suggestion(
+        "gradient_accumulation", saving,
+        f"activations {_b(f.activations)} are {f.share(f.activations):.0%} of {_b(f.tensor_total)} "
+        f"of tensors at the peak and scale with the micro-batch; a {k}x smaller micro-batch keeps "
+        f"{_b(f.activations // k)}",
+        f"divide the batch size by {k} and call optimizer.step() / zero_grad() every {k} "
+        f"micro-batches, with `(loss / {k}).backward()`: the same effective batch and the same "
+        "gradients (up to BatchNorm statistics), at the cost of smaller, slower matmuls")]
+
+
+def efficient_attention(f: Facts) -> list[Suggestion]:
+    """An attention module whose subtree (its own forward and its children's) saves more than
+    its input, q, k, v and output saves the N x N scores (softmax output, masks).
+    scaled_dot_product_attention keeps those five n x d tensors and a logsumexp per row, so the
+    subtree is taken to need 5 x the module's output bytes after the change."""
+    hits: list[tuple[str, str, int, int, int]] = []
+    for r in sorted(f.layers, key=lambda r: r["module"] or ""):
+        name, kind = r["module"] or "", r["type"] or ""
+        if not (_ATTENTION.search(kind) or _ATTENTION.search(name.rsplit(".", 1)[-1])):
+            continue
+        if any(name.startswith(h[0] + ".") for h in hits):
+            continue  # inside an attention module already counted
+        saved = sum(int(x["saved_bytes"] or 0) for x in f.layers
+                    if x["module"] == name or (x["module"] or "").startswith(name + "."))
+        out = int(r["output_bytes"] or 0)
+        excess = saved - 5 * out
+        if out and excess > out:
+            hits.append((name, kind, saved, out, excess))
+    saving = min(sum(h[4] for h in hits), f.activations)
+    if not hits or f.share(saving) < MIN_SHARE:
+        return []
+    names = ", ".join(h[0] for h in hits[:4]) + (f" and {len(hits) - 4} more" if len(hits) > 4 else "")
+    h0 = hits[0]
+    return [Suggestion(
+        "efficient_attention", saving,
+        f"{len(hits)} attention module(s) ({names}) save far more than their input, q, k, v and "
+        f"output: {h0[0]} ({h0[1]}) saves {_b(h0[2])} with its children for an output of "
+        f"{_b(h0[3])} (profiled step {f.layer_step}): the N x N attention scores kept for backward",
+        "replace the explicit `softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v` (and its mask) with "
+        "`torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)` "
+        "(or attn_mask=...): flash / memory-efficient kernels never store the N x N scores; "
+        "nn.MultiheadAttention uses them only when called with need_weights=False")]
+
+
+def lighter_optimizer(f: Facts) -> list[Suggestion]:
+    """Two states per parameter (Adam, AdamW) -> one (SGD with momentum): saves one copy."""
+    trainable = f.trainable_bytes
+    if not trainable or f.share(f.optimizer_state) < OPTIMIZER_SHARE:
+        return []
+    ratio = f.optimizer_state / trainable
+    if ratio < ADAM_RATIO:
+        return []
+    saving = f.optimizer_state - trainable
+    return [Suggestion(
+        "lighter_optimizer", saving,
+        f"optimizer state {_b(f.optimizer_state)} is {ratio:.1f}x the {_b(trainable)} of trainable "
+        f"parameters ({f.share(f.optimizer_state):.0%} of {_b(f.tensor_total)} of tensors): two "
+        "states per parameter, Adam-like; SGD with momentum keeps one",
+        "torch.optim.SGD(params, lr=..., momentum=0.9) keeps one state (saves this estimate; needs "
+        "its own learning-rate tuning); to keep Adam's behaviour, 8-bit Adam "
+        "(bitsandbytes.optim.AdamW8bit, CUDA) saves about 3/4 of the state, and a factored optimizer "
+        "(Adafactor: transformers.optimization.Adafactor) nearly all of it")]
+
+
+def optimizer_offload(f: Facts) -> list[Suggestion]:
+    """On a GPU, optimizer state can live in host memory and be updated there."""
+    if not f.device.startswith("cuda") or f.share(f.optimizer_state) < OPTIMIZER_SHARE:
+        return []
+    return [Suggestion(
+        "optimizer_offload", f.optimizer_state,
+        f"optimizer state {_b(f.optimizer_state)} is {f.share(f.optimizer_state):.0%} of "
+        f"{_b(f.tensor_total)} of GPU tensors at the peak",
+        "keep the optimizer state in CPU memory: DeepSpeed ZeRO-Offload "
+        '(`"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}`) or FSDP '
+        "with `cpu_offload=CPUOffload(offload_params=True)`; the optimizer step then runs on the "
+        "CPU and gradients cross PCIe every step (slower steps)")]
+
+
+def sharding(f: Facts) -> list[Suggestion]:
+    """ZeRO-3 / FSDP full sharding keeps 1/W of parameters, gradients and optimizer state."""
+    w = f.world_size
+    if w < 2:
+        return []
+    states = f.parameters + f.gradients + f.optimizer_state
+    saving = states - states // w
+    if f.share(saving) < MIN_SHARE:
+        return []
+    return [Suggestion(
+        "sharding", saving,
+        f"{w} ranks each hold all parameters {_b(f.parameters)}, gradients {_b(f.gradients)} and "
+        f"optimizer state {_b(f.optimizer_state)}; sharded over {w} ranks each keeps 1/{w}",
+        "wrap the model in FSDP (`torch.distributed.fsdp.fully_shard(block)` per block, then on "
+        "the model; or FullyShardedDataParallel) or DeepSpeed ZeRO stage 3; ZeRO-1 (optimizer "
+        f"state only, saves {_b(f.optimizer_state - f.optimizer_state // w)}) and ZeRO-2 (plus "
+        "gradients) communicate less. Skip if the model is already sharded")]
+
+
+def quantization(f: Facts) -> list[Suggestion]:
+    """Frozen weight matrices (requires_grad False) can be stored in 4-bit."""
+    frozen = [g for g in f.param_groups if not g["requires_grad"] and _ndim(g["shape"]) >= 2
+              and ELEM.get(g["dtype"], 0) >= 2]
+    fbytes = sum(g["bytes"] for g in frozen)
+    numel = sum(g["bytes"] // ELEM[g["dtype"]] for g in frozen)
+    saving = fbytes - int(numel * NF4_BYTES)
+    if saving <= 0 or f.share(fbytes) < OPTIMIZER_SHARE:
+        return []
+    return [Suggestion(
+        "quantization", saving,
+        f"{_b(fbytes)} of frozen weight matrices ({numel:,} weights, requires_grad=False) are "
+        f"{f.share(fbytes):.0%} of {_b(f.tensor_total)} of tensors; 4-bit NF4 stores "
+        f"{NF4_BYTES * 8:g} bits per weight",
+        "load the frozen base model in 4-bit (transformers: "
+        '`BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", '
+        "bnb_4bit_compute_dtype=torch.bfloat16)`, or bitsandbytes.nn.Linear4bit) and train "
+        "LoRA adapters on top (QLoRA); needs CUDA, dequantises per matmul (slower)")]
+
+
+def allocator_config(f: Facts) -> list[Suggestion]:
+    """Inactive split blocks are reserved memory no allocation can reuse: fragmentation."""
+    r = f.cuda_peak
+    if r is None or not r.get("reserved") or r.get("inactive_split") is None:
+        return []
+    reserved, split = int(r["reserved"]), int(r["inactive_split"])
+    allocated = int(r.get("allocated") or 0)
+    retries = int(r.get("alloc_retries") or 0)
+    if split < FRAGMENTED_SHARE * reserved:
+        return []
+    return [Suggestion(
+        "allocator_config", split,
+        f"at the highest reserved memory ({_b(reserved)} reserved, {_b(allocated)} allocated) "
+        f"{_b(split)} ({split / reserved:.0%} of reserved) sat in inactive split blocks "
+        "(fragmentation)" + (f"; {retries} allocation retries (cache flushes)" if retries else ""),
+        "set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment before the "
+        "script starts (segments grow in place instead of splitting fixed blocks); if it is "
+        "already set, `max_split_size_mb:N` limits splitting of large blocks")]
+
+
+RULES: list[Callable[[Facts], list[Suggestion]]] = [
+    mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
+    lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config,
+]
+
+
+def _ndim(shape: Any) -> int:
+    try:
+        v = json.loads(shape) if isinstance(shape, str) else shape
+        return len(v) if isinstance(v, list) else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _b(n: int | float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def suggest_for(summary: RunSummary) -> list[Suggestion]:
+    """:func:`suggest` for a summary already made, reading its run file again (reports get only
+    the summary; the file is opened read-only, safe while the run is still written)."""
+    with RunReader(summary.path) as reader:
+        return suggest(reader, summary)

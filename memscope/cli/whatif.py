@@ -1,0 +1,173 @@
+"""``memscope whatif [--try TECHNIQUE ...] SCRIPT.py [ARGS...]``: apply a technique to an unchanged
+script, measure the saving, and set it beside the estimate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+from memscope.agent.config import TECHNIQUES
+from memscope.analysis.whatif import PLAN_ENV, Comparison, compare, estimate_for, measure, to_json
+from memscope.cli.errors import CliError
+from memscope.report.format import human_bytes
+from memscope.store.reader import RunReader
+
+HELP = "run a script with and without a memory-saving technique; measured vs estimated saving"
+_MEASURES = {"tensor_peak": "peak of live tensor bytes (exact, per step)",
+             "breakdown": "profiled breakdown (params + grads + optimizer state + activations)",
+             "cuda_allocated": "CUDA allocator peak", "rss": "host RSS peak"}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "memscope whatif [--try TECHNIQUE ...] [--steps N] [--db-dir DIR] [--json] SCRIPT.py [ARGS...]"
+    parser.add_argument("--try", dest="techniques", action="append", default=[], metavar="TECHNIQUE",
+                        help=f"technique to try, repeatable ({', '.join(TECHNIQUES)}; default: all)")
+    parser.add_argument("--steps", type=int, default=6, metavar="N",
+                        help="steps per run (default %(default)s; at least 2)")
+    parser.add_argument("--db-dir", metavar="DIR", help="where the run files go (default: a new temp dir)")
+    parser.add_argument("--json", action="store_true", help="print the memscope.whatif/1 JSON document")
+    parser.add_argument("script", metavar="SCRIPT.py", help="training script, run unchanged")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="the script's own arguments")
+
+
+def _techniques(words: list[str]) -> list[str]:
+    chosen = [t for w in words for t in w.split(",") if t] or list(TECHNIQUES)
+    bad = [t for t in chosen if t not in TECHNIQUES]
+    if bad:
+        raise CliError(f"whatif: unknown technique {bad[0]!r}; known: {', '.join(TECHNIQUES)}")
+    return list(dict.fromkeys(chosen))
+
+
+def _suggestions(reader: RunReader) -> tuple[list[Any], str | None, str | None]:
+    """The estimator's suggestions for the baseline, or a note saying why there are none, and
+    the checkpointing plan for the trial (JSON for PLAN_ENV; None: the trial's own choice)."""
+    try:
+        from memscope.analysis.suggestions import checkpoint_plan_for, suggest
+    except ImportError:
+        return [], "estimator not available (memscope.analysis.suggestions missing)", None
+    try:
+        suggestions = list(suggest(reader))
+    except Exception as exc:  # a bug there must not hide the measurement
+        return [], f"estimator failed: {type(exc).__name__}: {exc}", None
+    try:
+        plan = checkpoint_plan_for(reader)
+    except Exception:
+        plan = None
+    # repeated blocks: the trial finds the same ones by itself; a Sequential: tell it which one
+    # and in how many segments, so that it measures the plan the estimate is for
+    env = (json.dumps({"container": plan.container, "segments": plan.segments})
+           if plan is not None and plan.mode == "sequential" else None)
+    return suggestions, None, env
+
+
+def run(args: argparse.Namespace) -> int:
+    # here, not at the top: script_estimate imports memscope.cli.errors, whose package imports us
+    from memscope.analysis.script_estimate import run_recorded
+
+    techniques = _techniques(args.techniques)
+    if args.steps < 2:
+        raise CliError("whatif: --steps must be at least 2 (step 0 warms up; from step 1 on is profiled)")
+    if not os.path.isfile(args.script):
+        raise CliError(f"whatif: no such script: {args.script}")
+    if args.db_dir:
+        if not os.path.isdir(args.db_dir):
+            raise CliError(f"whatif: --db-dir {args.db_dir}: no such directory")
+        if not os.access(args.db_dir, os.W_OK | os.X_OK):
+            raise CliError(f"whatif: --db-dir {args.db_dir}: not writable")
+    workdir = args.db_dir or tempfile.mkdtemp(prefix="memscope-whatif-")
+    stem = os.path.splitext(os.path.basename(args.script))[0]
+    options = {"max_steps": args.steps, "layers_every": 1, "layers_first": 1, "inventory_every": 0,
+               "tensor_peak": True}
+
+    def one(label: str, tries: list[str], plan: str | None = None) -> Any:
+        db = os.path.join(workdir, f"whatif-{stem}-{label}.db")
+        print(f"memscope whatif: {label}: {args.steps} steps of {args.script} ...", file=sys.stderr)
+        saved = os.environ.pop(PLAN_ENV, None)
+        if plan is not None:
+            os.environ[PLAN_ENV] = plan  # the child inherits the environment
+        try:
+            return run_recorded(args.script, args.script_args, db, {**options, "try_techniques": tries})
+        finally:
+            os.environ.pop(PLAN_ENV, None)
+            if saved is not None:
+                os.environ[PLAN_ENV] = saved
+
+    base_run = one("baseline", [])
+    if not base_run.ok:
+        print(f"memscope: error: whatif: the baseline run failed ({_why(base_run)}): "
+              f"{base_run.last_error()} (log: {base_run.log})", file=sys.stderr)
+        return 1
+    with RunReader(base_run.db) as reader:
+        baseline = measure(reader)
+        suggestions, note, plan = _suggestions(reader)
+    comparisons: list[Comparison] = []
+    failures: list[str] = []
+    for t in techniques:
+        trial_run = one(t, [t], plan if t == "activation_checkpointing" else None)
+        if not trial_run.ok:
+            failures.append(f"{t}: the trial run failed ({_why(trial_run)}): "
+                            f"{trial_run.last_error()} (log: {trial_run.log})")
+        with RunReader(trial_run.db) as reader:
+            trial = measure(reader)
+        comparisons.append(compare(t, baseline, trial, estimate_for(suggestions, t)))
+    if args.json:
+        print(json.dumps(to_json(args.script, args.steps, baseline, comparisons, note), indent=2))
+    else:
+        print(render(args.script, args.steps, baseline.peak_metric, comparisons, note, workdir))
+    for f in failures:
+        print(f"memscope: whatif: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _why(child: Any) -> str:
+    return f"signal {child.signal}" if child.signal is not None else f"exit {child.exit_code}"
+
+
+def _saving(value: int | None, base: int | None) -> str:
+    if value is None:
+        return "-"
+    share = f" ({value / base * 100:.0f}%)" if base else ""
+    sign = "-" if value < 0 else ""
+    return f"{sign}{human_bytes(abs(value))}{share}"
+
+
+def render(script: str, steps: int, metric: str, comps: list[Comparison], note: str | None,
+           workdir: str) -> str:
+    measured_by = comps[0].measured_by if comps else metric
+    lines = [f"what-if: {script}, {steps} steps per run; measured saving = "
+             f"{_MEASURES.get(measured_by, measured_by)}"]
+    if note:
+        lines.append(f"  {note}")
+    table = [["technique", "applied", "measured", "estimated", "error", "breakdown",
+              "peak (" + metric + ")"]]
+    for c in comps:
+        base_total = c.baseline.breakdown["total"] if c.baseline.breakdown else None
+        base = {"breakdown": base_total, "tensor_peak": c.baseline.tensor_peak}.get(
+            c.measured_by, c.baseline.peak_bytes)
+        if c.estimated_saving_bytes is None:
+            est, err = "not suggested for this run", "-"
+        else:
+            est = human_bytes(c.estimated_saving_bytes)
+            err = "-" if c.estimate_error is None else (
+                f"{c.estimate_error * 100:+.0f}%" + ("" if c.within_tolerance else " (>25%)"))
+        table.append([c.technique, "yes" if c.applied else "NO", _saving(c.measured_saving_bytes, base),
+                      est, err, _saving(c.breakdown_saving_bytes, base_total),
+                      _saving(c.peak_saving_bytes, c.baseline.peak_bytes)])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    for c in comps:
+        if c.baseline.breakdown and c.trial.breakdown:
+            parts = " · ".join(f"{k.replace('_', ' ')} {human_bytes(c.baseline.breakdown[k])} → "
+                               f"{human_bytes(c.trial.breakdown[k])}"
+                               for k in ("parameters", "gradients", "optimizer_state", "activations")
+                               if c.baseline.breakdown[k] != c.trial.breakdown[k])
+            if parts:
+                lines.append(f"  {c.technique}: {parts}")
+    lines.append(f"  run files: {workdir}")
+    return "\n".join(lines)

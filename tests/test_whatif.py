@@ -1,0 +1,186 @@
+"""``memscope whatif``: techniques applied to an unchanged script, measured against a baseline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, memscope
+from memscope.analysis.whatif import Measure, compare, estimate_for
+
+TINY_GPT = [str(EXAMPLES / "tiny_gpt.py"), "--layers", "2", "--d-model", "32", "--seq", "32",
+            "--batch", "4", "--eval-every", "0", "--steps", "30"]
+
+MLP = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step in range(40):
+    loss = F.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 4, (16,)))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_whatif(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out_dir = tmp_path_factory.mktemp("whatif")
+    before = (EXAMPLES / "tiny_gpt.py").read_bytes()
+    out = memscope("whatif", "--json", "--steps", "3", "--db-dir", str(out_dir), *TINY_GPT, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert (EXAMPLES / "tiny_gpt.py").read_bytes() == before  # the script is not edited
+    return json.loads(out.stdout)
+
+
+def _trial(doc: dict, technique: str) -> dict:
+    return next(t for t in doc["trials"] if t["technique"] == technique)
+
+
+def test_whatif_runs_a_baseline_and_one_trial_per_technique(tiny_gpt_whatif: dict) -> None:
+    doc = tiny_gpt_whatif
+    assert doc["schema"] == "memscope.whatif/1" and doc["steps"] == 3
+    assert doc["baseline"]["steps"] == 3 and doc["baseline"]["status"] == "finished"
+    assert [t["technique"] for t in doc["trials"]] == [
+        "mixed_precision", "activation_checkpointing", "lighter_optimizer"]
+    for t in doc["trials"]:
+        assert t["applied"] is True, t
+        assert t["steps"] == 3 and t["exit_code"] == 0
+        assert t["measured_by"] == "tensor_peak"  # CPU: the exact live-tensor peak
+        assert t["measured_saving_bytes"] == doc["baseline"]["tensor_peak_bytes"] - t["tensor_peak_bytes"]
+        assert Path(t["db"]).exists()
+        if t["estimated_saving_bytes"] is None:
+            assert t["suggested"] is False and t["estimate_error"] is None
+        else:
+            err = (t["measured_saving_bytes"] - t["estimated_saving_bytes"]) / t["estimated_saving_bytes"]
+            assert t["estimate_error"] == pytest.approx(err)
+
+
+def test_lighter_optimizer_swaps_adamw_for_sgd_with_momentum(tiny_gpt_whatif: dict) -> None:
+    base = tiny_gpt_whatif["baseline"]["breakdown"]
+    t = _trial(tiny_gpt_whatif, "lighter_optimizer")
+    # AdamW: exp_avg + exp_avg_sq (+ a step scalar each); SGD momentum: one buffer per parameter
+    assert base["optimizer_state"] > 2 * base["parameters"]
+    assert t["breakdown"]["optimizer_state"] == t["breakdown"]["parameters"] == base["parameters"]
+    assert t["breakdown"]["activations"] == base["activations"]
+    assert t["measured_saving_bytes"] >= base["parameters"] * 0.9
+    assert "AdamW" in t["how"][0]["replaced"]
+
+
+def test_checkpointing_and_autocast_cut_activations(tiny_gpt_whatif: dict) -> None:
+    base = tiny_gpt_whatif["baseline"]
+    ckpt = _trial(tiny_gpt_whatif, "activation_checkpointing")
+    amp = _trial(tiny_gpt_whatif, "mixed_precision")
+    assert ckpt["how"][0]["container"] == "blocks" and ckpt["how"][0]["blocks"] == 2
+    assert ckpt["breakdown"]["activations"] < base["breakdown"]["activations"] / 2
+    assert ckpt["measured_saving_bytes"] > 0
+    # the recomputation in backward costs memory the saved-tensor breakdown does not see
+    assert ckpt["breakdown_saving_bytes"] > ckpt["measured_saving_bytes"]
+    assert amp["how"][0]["device"] == "cpu"
+    assert amp["breakdown"]["activations"] < base["breakdown"]["activations"]
+    assert amp["breakdown"]["parameters"] == base["breakdown"]["parameters"]  # weights stay fp32
+    assert amp["measured_saving_bytes"] > 0
+
+
+def test_whatif_text_output_and_attach_try(tmp_path: Path) -> None:
+    script = tmp_path / "mlp.py"
+    script.write_text(MLP)
+    out = memscope("whatif", "--try", "lighter_optimizer", "--steps", "2", "--db-dir", str(tmp_path),
+                   str(script), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"what-if: {script}, 2 steps per run; measured saving = peak of live")
+    row = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("lighter_optimizer "))
+    assert " yes " in row
+    assert (tmp_path / "whatif-mlp-baseline.db").exists() and (tmp_path / "whatif-mlp-lighter_optimizer.db").exists()
+    # the same agent code from attach: the technique applied to an ordinary recorded run
+    db = tmp_path / "tried.db"
+    out = memscope("attach", "--db", str(db), "--headless", "--try", "lighter_optimizer", str(script))
+    assert out.returncode == 0, out.stderr
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    events = conn.execute("SELECT message FROM events WHERE kind = 'technique'").fetchall()
+    conn.close()
+    assert events == [("lighter_optimizer: Adam(...) built as SGD(momentum=0.9)",)]
+
+
+def test_tensor_peak_counts_a_temporary_exactly(tmp_path: Path) -> None:
+    code = '''
+import sys, torch, memscope
+memscope.start(sys.argv[1], tensor_peak=True, layers_every=0, inventory_every=0, max_steps=4)
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    extra = torch.ones(1 << 20) if sys.argv[2] == "1" else None  # 4 MiB alive through the step
+    model(torch.randn(32, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    del extra
+'''
+    peaks = []
+    for with_extra in ("0", "1"):
+        db = tmp_path / f"run{with_extra}.db"
+        out = subprocess.run([sys.executable, "-c", code, str(db), with_extra], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        import sqlite3
+
+        conn = sqlite3.connect(db)
+        rows = [json.loads(d) for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'tensor_peak'")]
+        conn.close()
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        peaks.append(max(r["peak_bytes"] for r in rows))
+    assert peaks[1] - peaks[0] == 4 << 20
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--try", "bogus"], "unknown technique 'bogus'"),
+    (["--steps", "1"], "--steps must be at least 2"),
+    (["--db-dir", "/nonexistent/dir"], "no such directory"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
+    script = tmp_path / "mlp.py"
+    script.write_text(MLP)
+    out = memscope("whatif", *args, str(script))
+    assert out.returncode == 2 and needle in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_missing_script_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    out = memscope("whatif", str(tmp_path / "nope.py"))
+    assert out.returncode == 2 and "no such script" in out.stderr and out.stderr.count("\n") == 1
+
+
+def _measure(tensor_peak: int | None, total: int, rss: int, metric: str = "rss") -> Measure:
+    bd = {"parameters": 100, "gradients": 100, "optimizer_state": 200, "activations": total - 400,
+          "total": total}
+    return Measure("x.db", "finished", 0, 3, rss, metric, bd, 1, [], True, tensor_peak)
+
+
+def test_compare_picks_the_measure_by_device_and_checks_the_estimate() -> None:
+    base, trial = _measure(1000, 900, 10**9), _measure(700, 600, 10**9 - 50)
+    c = compare("mixed_precision", base, trial, estimate_for(
+        [{"technique": "mixed_precision", "estimated_saving_bytes": 250}], "mixed_precision"))
+    assert (c.measured_by, c.measured_saving_bytes, c.breakdown_saving_bytes, c.peak_saving_bytes) == \
+        ("tensor_peak", 300, 300, 50)
+    assert c.estimate_error == pytest.approx(0.2) and c.within_tolerance is True
+    assert c.applied is False  # no technique event in the trial
+    # no tensor peak: the breakdown; on CUDA: the allocator peak, whatever else there is
+    c = compare("x", _measure(None, 900, 10), _measure(None, 800, 5), estimate_for([], "x"))
+    assert (c.measured_by, c.measured_saving_bytes, c.estimated_saving_bytes, c.within_tolerance) == \
+        ("breakdown", 100, None, None)
+    c = compare("x", _measure(1000, 900, 5000, "cuda_allocated"), _measure(10, 800, 3000, "cuda_allocated"), 4000)
+    assert (c.measured_by, c.measured_saving_bytes, c.within_tolerance) == ("cuda_allocated", 2000, False)
+
+
+def test_attach_try_rejects_an_unknown_technique(tmp_path: Path) -> None:
+    script = tmp_path / "mlp.py"
+    script.write_text(MLP)
+    out = memscope("attach", "--db", str(tmp_path / "x.db"), "--try", "quantization", str(script))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "unknown technique in ['quantization']" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x.db").exists()
