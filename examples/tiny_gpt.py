@@ -2,6 +2,7 @@
 
     python examples/tiny_gpt.py --steps 30
     memscope attach examples/tiny_gpt.py --steps 30
+    memscope attach examples/tiny_gpt.py --steps 30 --checkpoint   # activation checkpointing
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class NaiveAttention(nn.Module):
@@ -46,8 +48,10 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, seq: int) -> None:
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, seq: int,
+                 checkpoint: bool = False) -> None:
         super().__init__()
+        self.checkpoint = checkpoint
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
@@ -57,7 +61,11 @@ class TinyGPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
-            x = block(x)
+            if self.checkpoint and torch.is_grad_enabled():
+                # keep only each block's input; recompute its activations in backward
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.head(self.ln_f(x))
 
 
@@ -72,10 +80,12 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--eval-every", type=int, default=10, help="no_grad evaluation cadence (0: never)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing on each block (recompute in backward)")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
-    model = TinyGPT(args.vocab, args.d_model, args.heads, args.layers, args.seq)
+    model = TinyGPT(args.vocab, args.d_model, args.heads, args.layers, args.seq, args.checkpoint)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     for step in range(args.steps):
         idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1))

@@ -1,0 +1,98 @@
+"""Per-rank facts of a distributed run: each process's steps, peak and whether it ran out of memory.
+
+Pure reading of ``processes`` / ``steps`` / ``samples`` / ``cuda_samples`` / ``events`` (no torch).
+One :class:`RankSummary` per recorded process; a run without ``torchrun`` has one, with
+``rank = None``.
+
+The peak uses the run-wide metric of :func:`memscope.analysis.summary.find_peak`: CUDA allocated
+bytes when the run has CUDA samples, else host RSS; the per-step peak first (the earliest step on
+a tie), the highest sample when the process completed no step with a reading.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from memscope.store.reader import RunReader
+
+
+@dataclass
+class RankSummary:
+    rank: int | None
+    local_rank: int | None
+    host: str | None
+    proc: int  # processes.id: the ``proc`` of this rank's rows
+    steps: int  # completed steps
+    peak_bytes: int | None
+    peak_step: int | None  # None: the peak came from a sample outside any completed step
+    median_step_s: float | None
+    status: str  # the process row's status: running | stopped | lost
+    oom: bool  # this process recorded an out-of-memory error
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d["median_step_s"] is not None:
+            d["median_step_s"] = round(d["median_step_s"], 6)
+        return d
+
+
+def rank_summaries(reader: RunReader) -> list[RankSummary]:
+    """One summary per process, by rank (processes without a rank last), then host and id."""
+    procs = reader.processes()
+    cuda = bool(reader.scalar("SELECT count(*) FROM cuda_samples"))
+    column = "peak_allocated" if cuda else "peak_rss"
+    oom_procs = {e["proc"] for e in reader.events("oom") if e["proc"] is not None}
+    out: list[RankSummary] = []
+    for p in procs:
+        steps = reader.steps(p["id"])
+        ok = [s for s in steps if s["status"] == "ok"]
+        peak, step = None, None
+        for s in ok:
+            v = s[column]
+            if v is not None and (peak is None or v > peak):  # strict: earliest step wins a tie
+                peak, step = int(v), int(s["step"])
+        if peak is None:
+            peak = _sample_peak(reader, p["id"], cuda)
+        durations = [s["end"] - s["start"] for s in ok]
+        out.append(RankSummary(
+            rank=p["rank"], local_rank=p["local_rank"], host=p["host"], proc=int(p["id"]),
+            steps=len(ok), peak_bytes=peak, peak_step=step,
+            median_step_s=statistics.median(durations) if durations else None,
+            status=p["status"], oom=p["id"] in oom_procs))
+    out.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.host or "", r.proc))
+    return out
+
+
+def imbalance(ranks: Sequence[RankSummary]) -> float | None:
+    """How far the lightest rank's peak falls below the heaviest's: ``(max - min) / max``.
+
+    0.0 is perfectly balanced; 0.25 means the lightest rank peaked 25% lower than the heaviest.
+    Chosen over ``max / min`` because it stays in [0, 1] and is defined when a rank peaked at 0.
+    None with fewer than two ranks that have a peak, or when every peak is 0.
+    """
+    peaks = [r.peak_bytes for r in ranks if r.peak_bytes is not None]
+    if len(peaks) < 2 or max(peaks) <= 0:
+        return None
+    return (max(peaks) - min(peaks)) / max(peaks)
+
+
+def heaviest(ranks: Sequence[RankSummary]) -> RankSummary | None:
+    """The rank with the highest peak (the first on a tie), or None."""
+    with_peak = [r for r in ranks if r.peak_bytes is not None]
+    return max(with_peak, key=lambda r: r.peak_bytes or 0) if with_peak else None
+
+
+def lightest(ranks: Sequence[RankSummary]) -> RankSummary | None:
+    """The rank with the lowest peak (the first on a tie), or None."""
+    with_peak = [r for r in ranks if r.peak_bytes is not None]
+    return min(with_peak, key=lambda r: r.peak_bytes or 0) if with_peak else None
+
+
+def _sample_peak(reader: RunReader, proc: int, cuda: bool) -> int | None:
+    if cuda:
+        v = reader.scalar("SELECT max(allocated_peak) FROM cuda_samples WHERE proc = ?", (proc,))
+    else:
+        v = reader.scalar("SELECT max(rss) FROM samples WHERE proc = ?", (proc,))
+    return int(v) if v is not None else None

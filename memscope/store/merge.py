@@ -1,0 +1,214 @@
+"""Combine the run files of several nodes (one file per host) into one run file.
+
+Every process of every input gets a new id in the output; every table with a ``proc`` column is
+copied with ``proc`` remapped. The table list is read from each input's ``sqlite_master``, so a
+table added by a later schema is copied without code here knowing its name. The single ``run``
+row is combined: started = earliest, ended = latest (unknown while any node is unfinished),
+exit code / signal / status = the worst node's.
+
+Each node writes its own file on local disk: SQLite's locking is unreliable on network
+filesystems (NFS, SMB, most cluster shares), so ranks of different hosts must never share one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from memscope.store.reader import RunReader
+from memscope.store.runs import prepare_path
+from memscope.store.schema import RunFileError
+from memscope.store.writer import close_for_copy, connect_rw
+
+# Tables handled by hand (or owned by the output file itself).
+_SPECIAL = {"run", "processes", "migrations"}
+_STATUS_RANK = {"finished": 0, "running": 1, "failed": 2, "killed": 3}
+_CHUNK = 5000
+
+
+@dataclass
+class MergeResult:
+    path: str
+    inputs: list[str]
+    processes: int
+    rows: dict[str, int] = field(default_factory=dict)  # rows copied per table
+    skipped_tables: list[str] = field(default_factory=list)  # tables without a proc column
+
+
+def merge_runs(out: str, inputs: Sequence[str], force: bool = False) -> MergeResult:
+    """Write ``out`` from ``inputs``; raise RunFileError (one line) for unusable input."""
+    if not inputs:
+        raise RunFileError("no input run files given")
+    _check_distinct(out, inputs)
+    readers = [RunReader(p) for p in inputs]
+    try:
+        versions = {r.version for r in readers}
+        if len(versions) > 1:
+            detail = ", ".join(f"{r.path}: {r.version}" for r in readers)
+            raise RunFileError(f"run files of different schema versions cannot be merged ({detail})")
+        _check_ranks(readers)
+        prepare_path(out, force)
+        try:
+            return _write(out, readers)
+        except BaseException:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                try:
+                    os.remove(out + suffix)
+                except OSError:
+                    pass
+            raise
+    finally:
+        for r in readers:
+            r.close()
+
+
+def _check_distinct(out: str, inputs: Sequence[str]) -> None:
+    seen: list[str] = []
+    for p in inputs:
+        if not os.path.isfile(p):
+            continue  # RunReader says why, in its own words
+        for q in seen:
+            if os.path.samefile(p, q):
+                raise RunFileError(f"{p}: given twice (same file as {q})")
+        if os.path.exists(out) and os.path.samefile(p, out):
+            raise RunFileError(f"{out}: is also an input; write the merged run to a new file")
+        seen.append(p)
+
+
+def _check_ranks(readers: list[RunReader]) -> None:
+    """Two nodes of one run never share a global rank: refuse files that are not one run."""
+    owner: dict[int, str] = {}
+    for r in readers:
+        for p in r.processes():
+            rank = p["rank"]
+            if rank is None:
+                continue
+            if rank in owner and owner[rank] != r.path:
+                raise RunFileError(f"rank {rank} is in both {owner[rank]} and {r.path}: "
+                                   "these are not the nodes of one run")
+            owner[rank] = r.path
+
+
+def _write(out: str, readers: list[RunReader]) -> MergeResult:
+    try:
+        conn = connect_rw(out)
+    except (sqlite3.Error, OSError) as exc:
+        raise RunFileError(f"{out}: cannot create run file ({exc})") from None
+    result = MergeResult(path=out, inputs=[r.path for r in readers], processes=0)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        out_cols = {t: _columns(conn, t) for t in _tables(conn)}
+        conn.execute(*_run_row([r.run() for r in readers]))
+        skipped: set[str] = set()
+        for r in readers:
+            remap = _copy_processes(conn, r, out_cols["processes"])
+            result.processes += len(remap)
+            for table in _tables(r.conn):
+                if table in _SPECIAL:
+                    continue
+                cols = _columns(r.conn, table)
+                if "proc" not in cols:
+                    skipped.add(table)
+                    continue
+                if table not in out_cols:
+                    # a table only the input knows (written by a newer memscope of the same
+                    # schema version): recreate it from the input's own definition
+                    sql = r.scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                   (table,))
+                    conn.execute(sql)
+                    out_cols[table] = _columns(conn, table)
+                n = _copy_table(conn, r, table, cols, out_cols[table], remap)
+                result.rows[table] = result.rows.get(table, 0) + n
+        conn.execute(
+            "INSERT INTO events (proc, t, step, kind, message, data) VALUES (NULL, ?, NULL, 'merged', ?, ?)",
+            (time.time(), f"merged from {len(readers)} run files",
+             json.dumps({"inputs": [os.path.abspath(r.path) for r in readers]})))
+        conn.execute("COMMIT")
+        result.skipped_tables = sorted(skipped)
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.close()
+        raise
+    close_for_copy(conn)
+    conn.close()
+    return result
+
+
+def _run_row(runs: list[dict[str, Any] | None]) -> tuple[str, tuple[Any, ...]]:
+    present = [r for r in runs if r is not None]
+    if not present:
+        raise RunFileError("none of the inputs has a run row")
+    first = present[0]
+    worst = max(present, key=lambda r: _STATUS_RANK.get(r["status"], 1))
+    ended = [r["ended"] for r in present]
+    hosts = list(dict.fromkeys(r["host"] for r in present if r["host"]))
+    return (
+        "INSERT INTO run (id, command, cwd, host, memscope_version, started, ended, exit_code,"
+        " signal, status) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (json.dumps(first["command"]), first["cwd"], ",".join(hosts) or None, first["memscope_version"],
+         min(r["started"] for r in present),
+         None if any(e is None for e in ended) else max(ended),
+         worst["exit_code"], worst["signal"], worst["status"]),
+    )
+
+
+def _copy_processes(conn: sqlite3.Connection, r: RunReader, out_cols: list[str]) -> dict[int, int]:
+    cols = [c for c in _columns(r.conn, "processes") if c != "id" and c in out_cols]
+    remap: dict[int, int] = {}
+    sql = f"INSERT INTO processes ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
+    for row in r.conn.execute(f"SELECT id, {', '.join(cols)} FROM processes ORDER BY id"):
+        cur = conn.execute(sql, tuple(row)[1:])
+        remap[int(row[0])] = int(cur.lastrowid)  # type: ignore[arg-type]
+    return remap
+
+
+def _copy_table(conn: sqlite3.Connection, r: RunReader, table: str, cols: list[str],
+                out_cols: list[str], remap: dict[int, int]) -> int:
+    rowid_pk = _rowid_alias(r.conn, table)
+    common = [c for c in cols if c in out_cols and c != rowid_pk]
+    pos = common.index("proc")
+    sql = f"INSERT INTO {_q(table)} ({', '.join(map(_q, common))}) VALUES ({', '.join('?' for _ in common)})"
+    cur = r.conn.execute(f"SELECT {', '.join(map(_q, common))} FROM {_q(table)}")
+    n = 0
+    while True:
+        chunk = cur.fetchmany(_CHUNK)
+        if not chunk:
+            return n
+        rows = []
+        for row in chunk:
+            values = list(row)
+            if values[pos] is not None:
+                if values[pos] not in remap:  # rows of a process with no processes row: keep apart
+                    raise RunFileError(f"{r.path}: table {table} has rows of process {values[pos]}, "
+                                       "which the file does not list; the file is damaged")
+                values[pos] = remap[values[pos]]
+            rows.append(values)
+        conn.executemany(sql, rows)
+        n += len(rows)
+
+
+def _tables(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA table_info({_q(table)})")]
+
+
+def _rowid_alias(conn: sqlite3.Connection, table: str) -> str | None:
+    """An ``INTEGER PRIMARY KEY`` column: a row id, renumbered by the output, not copied."""
+    info = list(conn.execute(f"PRAGMA table_info({_q(table)})"))
+    pks = [r for r in info if r[5]]
+    if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER":
+        return str(pks[0][1])
+    return None
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
