@@ -1,0 +1,103 @@
+"""``memscope export RUN.db [--chrome TRACE.json] [--csv DIR_OR_FILE]``: other tools' formats."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+from contextlib import contextmanager
+from typing import Iterator, TextIO
+
+from memscope.cli.errors import CliError
+from memscope.report.chrome import write_chrome_trace
+from memscope.report.csv_export import write_directory, write_timeline
+from memscope.store.reader import RunReader
+from memscope.store.schema import RunFileError
+
+HELP = "export a run as a Chrome/Perfetto trace (--chrome) or CSV (--csv)"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("db", metavar="RUN.db", help="run file written by memscope attach")
+    parser.add_argument("--chrome", metavar="TRACE.json",
+                        help="Chrome trace (open in ui.perfetto.dev or chrome://tracing); - for stdout")
+    parser.add_argument("--csv", metavar="DIR_OR_FILE",
+                        help="a directory: timeline.csv and one CSV per table; a *.csv file or -:"
+                             " the memory timeline only")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.chrome and not args.csv:
+        raise CliError("export: nothing to do: give --chrome TRACE.json and/or --csv DIR_OR_FILE")
+    if args.chrome == "-" and args.csv == "-":
+        raise CliError("export: --chrome and --csv cannot both write to stdout")
+    with RunReader(args.db) as reader:
+        try:
+            if args.chrome:
+                with open_output(args.chrome, "export: --chrome") as f:
+                    n = write_chrome_trace(reader, f)
+                _note(f"chrome trace: {args.chrome} ({n} events)")
+            if args.csv:
+                _export_csv(reader, args.csv)
+        except sqlite3.DatabaseError as exc:
+            raise RunFileError(f"{args.db}: damaged run file ({exc})") from None
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise CliError(f"export: cannot write: {exc.strerror or exc}") from None
+    return 0
+
+
+def _export_csv(reader: RunReader, target: str) -> None:
+    if target == "-" or (target.lower().endswith(".csv") and not os.path.isdir(target)):
+        with open_output(target, "export: --csv") as f:
+            n = write_timeline(reader, f)
+        _note(f"csv: {target} ({n} rows)")
+        return
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise CliError(f"export: --csv {target}: exists and is not a directory"
+                       " (a single file must end in .csv)")
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        raise CliError(f"export: --csv {target}: directory {parent} does not exist")
+    try:
+        written = write_directory(reader, target)
+    except OSError as exc:
+        raise CliError(f"export: --csv {target}: {exc.strerror or exc}") from None
+    _note(f"csv: {target}/ ({len(written)} files, {written.get('timeline.csv', 0)} timeline rows)")
+
+
+@contextmanager
+def open_output(path: str, what: str) -> Iterator[TextIO]:
+    """A text file to write, ``-`` for stdout. Written beside the target and renamed into place
+    at the end, so a failed export never leaves a half-written file under the asked name."""
+    if path == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    if os.path.isdir(path):
+        raise CliError(f"{what} {path}: is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CliError(f"{what} {path}: directory {parent} does not exist")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        f = open(tmp, "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise CliError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
+    try:
+        with f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _note(line: str) -> None:
+    # stderr: stdout may be carrying the export itself (-)
+    print(f"memscope: {line}", file=sys.stderr)

@@ -1,0 +1,74 @@
+"""What both framework callbacks do: start (or join) the agent, mark optimizer steps, stop.
+
+A step is an optimizer step, taken from the framework's own counter (Lightning's
+``trainer.global_step``, the HF ``state.global_step``): with gradient accumulation the callback
+is called once per micro-batch but the counter moves once per optimizer step, and memscope marks
+a step only when it moved. Under ``memscope attach`` the agent already runs: the session joins
+it, marks steps and never stops it.
+
+The run name has no column in the run file: it is recorded as a ``run_name`` event (message: the
+name; data: the framework and its step counter when recording began), which readers look up
+with ``reader.events("run_name")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memscope.agent.config import AgentOptions
+
+
+class Session:
+    def __init__(self, framework: str, db: str | None, name: str | None,
+                 options: dict[str, Any]) -> None:
+        AgentOptions.from_mapping(options)  # a bad option fails here, before any training
+        self.framework = framework
+        self.db = db
+        self.name = name
+        self.options = options
+        self.owns_agent = False  # this session started the agent, so it stops it
+        self.active = False
+        self._last_step: int | None = None
+
+    def begin(self, global_step: int) -> None:
+        """At the start of training. Raises if the run file cannot be created (like
+        ``memscope.start``): better to stop before the first step than to train unrecorded."""
+        from memscope.agent import api
+
+        agent = api.current()
+        if agent is None:
+            agent = api.start(self.db, **self.options)
+            self.owns_agent = True
+        self.active = True
+        self._last_step = int(global_step)
+        if self.name:
+            agent.event("run_name", self.name,
+                        {"name": self.name, "framework": self.framework,
+                         "global_step": int(global_step)})
+
+    def step(self, global_step: int) -> None:
+        """After a batch: mark a memscope step when the optimizer-step counter moved."""
+        if not self.active:
+            return
+        try:
+            global_step = int(global_step)
+            if self._last_step is not None and global_step != self._last_step:
+                from memscope.agent import api
+
+                api.step()
+            self._last_step = global_step
+        except Exception:
+            pass  # the recorder never breaks the training
+
+    def end(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        if self.owns_agent:
+            self.owns_agent = False
+            try:
+                from memscope.agent import api
+
+                api.stop()
+            except Exception:
+                pass

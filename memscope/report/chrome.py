@@ -1,0 +1,140 @@
+"""A run file as a Chrome trace (Trace Event Format), for Perfetto or chrome://tracing.
+
+One trace process per recorded process (its ``processes.id`` is the pid, named after its rank):
+counter tracks (``ph: "C"``) for host RSS and, per CUDA device, allocated/reserved bytes and the
+NVML reading; the steps as complete spans (``ph: "X"``) on a ``steps`` thread; OOMs, kills and
+the agent's other events as instant events (``ph: "i"``). Times are microseconds since the run
+started. Events are streamed to the file, so a run with a million samples is never held in memory.
+
+    with RunReader("run.db") as reader, open("trace.json", "w") as f:
+        n = write_chrome_trace(reader, f)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, TextIO
+
+from memscope import __version__
+from memscope.report.format import iso
+from memscope.store.reader import RunReader
+
+STEPS_TID = 1  # the thread that carries the step spans and the instant events
+COUNTERS_TID = 0
+
+
+def process_label(proc: dict[str, Any]) -> str:
+    """``rank 1 · pid 4242 · host`` (no rank outside torchrun)."""
+    parts = [] if proc["rank"] is None else [f"rank {proc['rank']}"]
+    parts.append(f"pid {proc['pid']}")
+    if proc.get("host"):
+        parts.append(str(proc["host"]))
+    return " · ".join(parts)
+
+
+def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
+    """Every trace event of the run: metadata first, then per process counters, spans, instants."""
+    run = reader.run()
+    procs = reader.processes()
+    origin = _origin(reader, run)
+
+    def us(t: float) -> float:
+        return round((t - origin) * 1e6, 3)
+
+    for p in procs:
+        pid = int(p["id"])
+        yield {"ph": "M", "name": "process_name", "pid": pid, "tid": COUNTERS_TID,
+               "args": {"name": process_label(p)}}
+        # Perfetto orders processes by this index: ranks in order, unranked processes after them
+        sort = p["rank"] if p["rank"] is not None else 100000 + pid
+        yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": COUNTERS_TID,
+               "args": {"sort_index": sort}}
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID,
+               "args": {"name": "steps"}}
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": COUNTERS_TID,
+               "args": {"name": "memory"}}
+
+    for p in procs:
+        pid = int(p["id"])
+        for t, rss in reader.conn.execute(
+                "SELECT t, rss FROM samples WHERE proc = ? ORDER BY t", (pid,)):
+            yield {"ph": "C", "name": "host RSS", "pid": pid, "tid": COUNTERS_TID, "ts": us(t),
+                   "args": {"rss": int(rss)}}
+        for t, device, allocated, reserved in reader.conn.execute(
+                "SELECT t, device, allocated, reserved FROM cuda_samples WHERE proc = ?"
+                " ORDER BY device, t", (pid,)):
+            args = {k: int(v) for k, v in (("allocated", allocated), ("reserved", reserved))
+                    if v is not None}
+            yield {"ph": "C", "name": f"cuda:{device} memory", "pid": pid, "tid": COUNTERS_TID,
+                   "ts": us(t), "args": args}
+        for t, device, used in reader.conn.execute(
+                "SELECT t, device, used FROM nvml_samples WHERE proc = ? AND used IS NOT NULL"
+                " ORDER BY device, t", (pid,)):
+            yield {"ph": "C", "name": f"cuda:{device} NVML used", "pid": pid, "tid": COUNTERS_TID,
+                   "ts": us(t), "args": {"used": int(used)}}
+        for s in reader.steps(pid):
+            args = {"step": s["step"], "status": s["status"]}
+            for key in ("peak_rss", "peak_allocated", "peak_reserved"):
+                if s[key] is not None:
+                    args[key] = int(s[key])
+            yield {"ph": "X", "cat": "step", "name": f"step {s['step']}", "pid": pid,
+                   "tid": STEPS_TID, "ts": us(s["start"]),
+                   "dur": round(max(s["end"] - s["start"], 0.0) * 1e6, 3), "args": args}
+
+    events = reader.events()
+    known = {p["id"] for p in procs}
+    if any(ev["proc"] not in known for ev in events):  # the supervisor's, for the whole run
+        yield {"ph": "M", "name": "process_name", "pid": 0, "tid": 0,
+               "args": {"name": "memscope (run)"}}
+    for ev in events:
+        yield _instant(ev, us(ev["t"]), known)
+
+
+def _instant(ev: dict[str, Any], ts: float, known: set[int]) -> dict[str, Any]:
+    kind = ev["kind"]
+    data = ev["data"] if isinstance(ev["data"], dict) else {}
+    if kind == "oom":
+        name = "OOM"
+        if data.get("phase"):
+            name += f" in {data['phase']}"
+        if data.get("module"):
+            name += f" ({data['module']})"
+    elif kind == "killed":
+        name = f"killed: {ev['message']}" if ev["message"] else "killed"
+    else:
+        name = f"{kind}: {ev['message']}" if ev["message"] else kind
+    args: dict[str, Any] = {"kind": kind, "step": ev["step"], "message": ev["message"]}
+    if ev["data"] is not None:
+        args["data"] = ev["data"]
+    out: dict[str, Any] = {"ph": "i", "cat": kind, "name": name[:200], "ts": ts, "args": args}
+    if ev["proc"] in known:
+        out.update(pid=int(ev["proc"]), tid=STEPS_TID, s="p")
+    else:  # written by the supervisor for the whole run
+        out.update(pid=0, tid=0, s="g")
+    return out
+
+
+def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
+    """Write the trace JSON object to ``out``; return the number of events written."""
+    run = reader.run() or {}
+    other = {"memscope": __version__, "run_file": reader.path, "command": run.get("command"),
+             "started": iso(run.get("started")), "status": run.get("status")}
+    out.write('{"displayTimeUnit": "ms", "otherData": ')
+    out.write(json.dumps(other))
+    out.write(', "traceEvents": [\n')
+    n = 0
+    for event in chrome_events(reader):
+        if n:
+            out.write(",\n")
+        out.write(json.dumps(event, separators=(",", ":")))
+        n += 1
+    out.write("\n]}\n")
+    return n
+
+
+def _origin(reader: RunReader, run: dict[str, Any] | None) -> float:
+    """t = 0: the run's start, else the first thing recorded."""
+    if run and run.get("started") is not None:
+        return float(run["started"])
+    first = reader.scalar("SELECT min(t) FROM samples")
+    return float(first) if first is not None else 0.0
