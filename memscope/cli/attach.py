@@ -7,7 +7,8 @@ import os
 import sys
 from typing import Sequence
 
-from memscope.agent.config import AgentOptions
+from memscope.agent.config import TECHNIQUES, AgentOptions
+from memscope.agent.simulate import parse_size
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.report.text import render_headless
@@ -20,7 +21,7 @@ USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
          "       memscope attach [OPTIONS] -m MODULE [ARGS...]\n"
          "       memscope attach [OPTIONS] -- COMMAND [ARGS...]")
 _TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first",
-                "--inventory-every", "--inventory-budget"}
+                "--inventory-every", "--inventory-budget", "--max-steps", "--try", "--simulate-gpu"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +49,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inventory-budget", type=float, default=None, metavar="F",
                         help="share of run time inventories may take before the next is pushed out "
                              f"(default {AgentOptions.inventory_budget}; 0: no limit)")
+    parser.add_argument("--max-steps", type=int, default=0, metavar="N",
+                        help="end the run cleanly after N completed steps (exit 0; 0: no limit)")
+    parser.add_argument("--try", dest="try_techniques", action="append", default=[],
+                        metavar="TECHNIQUE", help="apply a technique to the unchanged script: "
+                        + ", ".join(TECHNIQUES) + " (repeatable; memscope whatif compares)")
+    parser.add_argument("--simulate-gpu", metavar="SIZE", default=None,
+                        help="on CUDA, cap each device to SIZE (24GiB, 24GB, 16G, 8000MiB) as if "
+                             "the GPU were that small")
 
 
 def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None, bool]:
@@ -93,7 +102,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         chosen = {"sample_hz": args.sample_hz, "nvml_interval": args.nvml_interval,
                   "nvml": not args.no_nvml, "layers_every": args.layers_every,
-                  "layers_first": args.layers_first, "catch_forward_oom": args.catch_forward_oom}
+                  "layers_first": args.layers_first, "catch_forward_oom": args.catch_forward_oom,
+                  "max_steps": args.max_steps,
+                  "try_techniques": [t for w in args.try_techniques for t in w.split(",") if t],
+                  "simulate_gpu": parse_size(args.simulate_gpu) if args.simulate_gpu else 0}
         # only what was given: an explicit --inventory-every without a budget is kept exactly
         for key in ("inventory_every", "inventory_budget"):
             if getattr(args, key) is not None:
@@ -108,14 +120,34 @@ def main(argv: Sequence[str]) -> int:
     # As the user would type it: "python train.py ..." for a script, the command as given after --
     shown = ["python", *command[1:]] if via_python else list(command)
     create_run(db, shown)
+    env = child_environment(db, options.to_json(), command)
+    # The dashboard in the foreground (a second process on the terminal) while this process
+    # supervises the training as it does headless; q closes it and the training goes on.
+    foreground = None
+    if not args.headless and sys.stdout.isatty() and sys.stdin.isatty():
+        from memscope.cli.tui import Foreground, dashboard_installed
+
+        if dashboard_installed():
+            foreground = Foreground(db)
+            env.setdefault("PYTHONUNBUFFERED", "1")  # its output streams to the log, then the terminal
+            foreground.start()
+        else:
+            print("memscope: no dashboard (pip install ./tui for memscope-tui); running headless",
+                  file=sys.stderr)
     try:
-        child = run_child(command, child_environment(db, options.to_json(), command))
-    except LaunchError as exc:
-        finish_run(db, exit_code=127, signal=None)
-        raise CliError(f"attach: {exc}") from None
-    if child.signal is not None:
-        record_killed(db, child.signal)
-    finish_run(db, child.exit_code, child.signal, ended=child.ended)
+        try:
+            child = run_child(command, env)
+        except LaunchError as exc:
+            finish_run(db, exit_code=127, signal=None)
+            raise CliError(f"attach: {exc}") from None
+        if child.signal is not None:
+            record_killed(db, child.signal)
+        finish_run(db, child.exit_code, child.signal, ended=child.ended)
+    finally:
+        if foreground is not None:
+            foreground.stop()  # the dashboard now shows how it ended; wait for the user's q
+    if foreground is not None:
+        print(f"memscope: the training's output: {foreground.log_path}", file=sys.stderr)
 
     with RunReader(db) as reader:
         print(render_headless(summarize(reader)), file=sys.stderr)

@@ -28,12 +28,14 @@ SCRIPTS: Path = _top.SCRIPTS
 has_cuda = _top.has_cuda
 memscope = _top.memscope
 report_json = _top.report_json
+free_port = _top.free_port
+torchrun = _top.torchrun
 
 
-def _attach(db: Path, *command: str) -> None:
+def _attach(db: Path, *command: str, ok: bool = True) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
-                          *command], cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+                          *command], cwd=ROOT, env=env, check=ok, capture_output=True, text=True,
                          timeout=300)
     # fail here, with the agent's words, if the run recorded nothing to show
     conn = sqlite3.connect(db)
@@ -59,3 +61,29 @@ def tiny_report(tiny_run: Path) -> dict[str, Any]:
                          cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
     report: dict[str, Any] = json.loads(out.stdout)
     return report
+
+
+@pytest.fixture(scope="session")
+def leaky_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/leaky.py (keeps every step's loss tensor): inventories every 2 steps, layers
+    profiled at steps 1, 5, 9, 13."""
+    db = tmp_path_factory.mktemp("tui") / "leaky.db"
+    _attach(db, "--inventory-every", "2", "--layers-every", "4", "examples/leaky.py", "--steps", "16")
+    return db
+
+
+@pytest.fixture(scope="session")
+def oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/oom.py: a real allocator failure in the ``expand`` module at step 3."""
+    db = tmp_path_factory.mktemp("tui") / "oom.db"
+    _attach(db, "examples/oom.py", "--fail-step", "3", ok=False)
+    return db
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks under torchrun (gloo on CPU); rank 1 holds an extra 64 MiB from its first step."""
+    db = tmp_path_factory.mktemp("tui") / "ddp.db"
+    _attach(db, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "3",
+            "--heavy-rank", "1", "--heavy-mb", "64")
+    return db

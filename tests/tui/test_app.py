@@ -1,4 +1,5 @@
-"""The dashboard's overview, driven with Textual's Pilot on real run files."""
+"""The dashboard's overview (view 1) and its reading loop, driven with Textual's Pilot on real
+run files."""
 
 from __future__ import annotations
 
@@ -95,8 +96,7 @@ async def test_q_quits(tiny_run: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.loads >= 1)
         await pilot.press("q")
-        await pilot.pause()
-        assert not app.is_running
+        await wait_until(pilot, lambda: not app.is_running, timeout=5)
     assert app.return_code == 0
 
 
@@ -142,7 +142,8 @@ async def test_follows_a_live_run_until_it_ends(tmp_path: Path) -> None:
         app = MemscopeApp(str(db), poll_s=0.2)
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_until(pilot, lambda: app.loads >= 1)
-            assert app.live and text_of(app, "#status").startswith("running · live")
+            assert app.live and text_of(app, "#status").startswith("live · ")
+            assert "now step " in text_of(app, "#device")  # the step being sampled now
             first = app.snapshot
             assert first is not None
             await wait_until(pilot, lambda: app.snapshot is not None
@@ -178,7 +179,7 @@ async def test_run_file_just_created(tmp_path: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.loads >= 2)  # running: it keeps polling
         assert app.live
-        assert text_of(app, "#status").startswith("running · live")
+        assert text_of(app, "#status").startswith("live · ")
         assert " 0 steps · 0 samples" in text_of(app, "#status")
         assert text_of(app, "#caption") == "no memory samples yet"
         assert app.query_one("#steps", DataTable).row_count == 0

@@ -1,0 +1,152 @@
+"""``memscope attach`` with the dashboard in the foreground, in a real terminal (tmux).
+
+tmux runs the command in an 80x24 pane; the tests read the screen with capture-pane and type with
+send-keys, as a user would. Each test gets its own tmux server (-L), killed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from memscope.store.reader import RunReader
+
+ROOT = Path(__file__).resolve().parents[2]
+TMUX = shutil.which("tmux")
+
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux)")
+
+
+class Pane:
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+
+    def tmux(self, *args: str) -> str:
+        assert TMUX is not None
+        return subprocess.run([TMUX, "-L", self.socket, *args], check=True, capture_output=True,
+                              text=True, timeout=30).stdout
+
+    def start(self, command: str) -> None:
+        self.tmux("new-session", "-d", "-s", "t", "-x", "80", "-y", "24", command)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "t")
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def wait_for(self, check: Callable[[str], bool], timeout: float = 60.0, what: str = "") -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if check(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; the screen:\n{screen}")
+            time.sleep(0.2)
+
+    def foreground_pgid(self) -> int:
+        pane_pid = int(self.tmux("display", "-p", "-t", "t", "#{pane_pid}").strip())
+        out = subprocess.run(["ps", "-o", "tpgid=", "-p", str(pane_pid)], capture_output=True,
+                             text=True, check=True)
+        return int(out.stdout.strip())
+
+
+@pytest.fixture
+def pane() -> Iterator[Pane]:
+    p = Pane(f"memscope-test-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        yield p
+    finally:
+        subprocess.run([TMUX or "tmux", "-L", p.socket, "kill-server"], capture_output=True)
+
+
+def attach_command(db: Path, *args: str) -> str:
+    """The shell line in the pane: attach, then print its exit status and keep the pane."""
+    cmd = shlex.join([sys.executable, "-m", "memscope", "attach", "--db", str(db), *args])
+    return f"cd {shlex.quote(str(ROOT))} && OMP_NUM_THREADS=1 {cmd}; echo MEMSCOPE_EXIT=$?; sleep 600"
+
+
+def run_status(db: Path) -> tuple[str, int]:
+    with RunReader(db) as reader:
+        run = reader.run()
+        assert run is not None
+        return run["status"], len([s for s in reader.steps() if s["status"] == "ok"])
+
+
+def test_dashboard_follows_training_and_stays_until_q(pane: Pane, tmp_path: Path) -> None:
+    db = tmp_path / "leaky.db"
+    pane.start(attach_command(db, "--inventory-every", "2", "--layers-every", "4",
+                              "examples/leaky.py", "--steps", "40"))
+    screen = pane.wait_for(lambda s: "1 Overview" in s and "live" in s, what="the live dashboard")
+    assert "examples/leaky.py --steps 40" in screen
+    pane.keys("2")
+    pane.wait_for(lambda s: "Linear" in s and "ReLU" in s, what="layer names in the layers view")
+    pane.keys("3")
+    screen = pane.wait_for(lambda s: "LEAK" in s and "loss_history" in s, what="the leak verdict")
+    pane.keys("1")
+    screen = pane.wait_for(lambda s: "finished (exit 0)" in s, what="the end of the training")
+    assert "40 steps" in screen and "MEMSCOPE_EXIT" not in screen  # still open: waits for q
+    time.sleep(1.0)
+    assert "finished (exit 0)" in pane.screen()
+    pane.keys("q")
+    screen = pane.wait_for(lambda s: "MEMSCOPE_EXIT=" in s, what="memscope to exit")
+    assert "MEMSCOPE_EXIT=0" in screen
+    assert "40 steps" in screen and "finished" in screen  # the headless summary line
+    assert run_status(db) == ("finished", 40)
+    log = Path(str(db) + ".log").read_text()
+    assert "mean loss" in log  # the training's output went to the log, not over the dashboard
+
+
+def test_quitting_the_dashboard_leaves_training_running(pane: Pane, tmp_path: Path) -> None:
+    db = tmp_path / "loop.db"
+    pane.start(attach_command(db, "tests/scripts/loop.py", "--steps", "120", "--sleep", "0.05"))
+    pane.wait_for(lambda s: "live" in s and " steps" in s, what="the live dashboard")
+    pane.keys("q")
+    screen = pane.wait_for(lambda s: "training goes on" in s, what="the message after q")
+    assert "MEMSCOPE_EXIT" not in screen
+    status, steps = run_status(db)
+    assert status == "running" and steps < 120
+    screen = pane.wait_for(lambda s: "MEMSCOPE_EXIT=" in s, timeout=120, what="training to finish")
+    assert "MEMSCOPE_EXIT=0" in screen
+    assert run_status(db) == ("finished", 120)
+
+
+def test_ctrl_c_in_the_dashboard_interrupts_training(pane: Pane, tmp_path: Path) -> None:
+    db = tmp_path / "loop.db"
+    pane.start(attach_command(db, "tests/scripts/loop.py", "--steps", "2000", "--sleep", "0.05"))
+    pane.wait_for(lambda s: "live" in s and " steps" in s, what="the live dashboard")
+    pane.keys("C-c")
+    screen = pane.wait_for(lambda s: "failed (exit" in s or "killed (signal" in s,
+                           what="the interrupted state")
+    assert "MEMSCOPE_EXIT" not in screen  # the dashboard stays
+    pane.keys("q")
+    screen = pane.wait_for(lambda s: "MEMSCOPE_EXIT=" in s, what="memscope to exit")
+    assert "MEMSCOPE_EXIT=0" not in screen
+    status, steps = run_status(db)
+    assert status in ("failed", "killed") and steps < 2000
+
+
+def test_sigint_to_the_process_group_stops_training_not_the_dashboard(pane: Pane, tmp_path: Path) -> None:
+    db = tmp_path / "loop.db"
+    pane.start(attach_command(db, "tests/scripts/loop.py", "--steps", "2000", "--sleep", "0.05"))
+    pane.wait_for(lambda s: "live" in s and " steps" in s, what="the live dashboard")
+    os.killpg(pane.foreground_pgid(), signal.SIGINT)  # what ^C does in a terminal in cooked mode
+    screen = pane.wait_for(lambda s: "failed (exit" in s or "killed (signal" in s,
+                           what="the training to stop")
+    time.sleep(1.0)
+    screen = pane.screen()
+    assert "1 Overview" in screen and "MEMSCOPE_EXIT" not in screen  # the dashboard survived
+    pane.keys("q")
+    screen = pane.wait_for(lambda s: "MEMSCOPE_EXIT=" in s, what="memscope to exit")
+    assert "MEMSCOPE_EXIT=0" not in screen
+    assert run_status(db)[0] in ("failed", "killed")

@@ -1,0 +1,150 @@
+"""Reading a run file for the dashboard: memscope.store + memscope.analysis calls only.
+
+:func:`load_snapshot` runs on a worker thread; it returns a frozen :class:`Snapshot` of plain
+dataclasses that the views only format. What the user picked (profiled step, fold depth, the
+two inventories to compare, the breakdown step) travels in a :class:`Selection`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from memscope.analysis.hotspots import Hotspot, choose_step, hotspots, layer_rows, profiled_steps
+from memscope.analysis.leaks import GroupDiff, diff, inventory_steps
+from memscope.analysis.oom import advice
+from memscope.analysis.summary import RunSummary, summarize
+from memscope.analysis.timeline import Series, StepRow, Timeline, memory_timeline, recent_steps
+from memscope.analysis.views import (Fragmentation, StepBreakdown, breakdown_for, breakdown_steps,
+                                     extra_series, fragmentation, position)
+from memscope.store.reader import RunReader
+
+BUCKETS = 200       # timeline resolution read from the run file (the plot re-buckets to its width)
+TABLE_STEPS = 50    # steps shown in the overview table, most recent first
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the user chose in the views; None means the default."""
+
+    layer_step: int | None = None      # profiled step of the layer table (default: nearest the peak)
+    depth: int | None = None           # fold module names to this many dotted parts (None: no folding)
+    diff_from: int | None = None       # inventories compared in the leaks view (default: first, last)
+    diff_to: int | None = None
+    breakdown_step: int | None = None  # step of the breakdown's second column (default: the last)
+
+
+@dataclass(frozen=True)
+class Maybe:
+    """A part that comes from a module this memscope may not have yet."""
+
+    available: bool
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the views show, read in one go off the UI thread."""
+
+    summary: RunSummary
+    timeline: Timeline
+    extra_series: list[Series]                      # CUDA peak, NVML device used, where recorded
+    steps: list[StepRow]
+    position: tuple[int | None, str | None]          # (step, phase) of the latest sample
+    layer_steps: list[int]
+    layer_step: int | None
+    depth: int | None
+    max_depth: int
+    layers: list[Hotspot]
+    inventory_steps: list[int]
+    diff_from: int | None
+    diff_to: int | None
+    diff: list[GroupDiff]
+    breakdown_steps: list[int]                       # steps that completed (choices)
+    breakdown: StepBreakdown | None
+    fragmentation: Fragmentation | None
+    oom_advice: list[str]
+    suggestions: Maybe
+    ranks: Maybe
+    imbalance: float | None
+    read_s: float                                    # how long the read took
+
+
+def load_snapshot(db: str, sel: Selection = Selection(), buckets: int = BUCKETS,
+                  steps: int = TABLE_STEPS) -> Snapshot:
+    began = time.perf_counter()
+    # The timeline and the summary each scan every sample once; sqlite3 lets go of the GIL while
+    # it runs a query, so on two connections the two scans overlap (a 1M-sample run opens in
+    # about the time of the longer one).
+    plot: concurrent.futures.Future[tuple[Timeline, list[Series]]]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="memscope-timeline") as pool:
+        plot = pool.submit(_read_timeline, db, buckets)
+        with RunReader(db) as reader:
+            summary = summarize(reader)
+            snap = _rest(reader, summary, sel, steps)
+        timeline, extra = plot.result()
+    return replace(snap, timeline=timeline, extra_series=extra, read_s=time.perf_counter() - began)
+
+
+def _read_timeline(db: str, buckets: int) -> tuple[Timeline, list[Series]]:
+    with RunReader(db) as reader:
+        timeline = memory_timeline(reader, buckets)
+        return timeline, extra_series(reader, timeline, buckets)
+
+
+def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) -> Snapshot:
+    """Everything but the timeline: small reads (one step's layers, two inventories...)."""
+    proc = summary.main_proc
+    rows = recent_steps(reader, steps, proc=proc)
+
+    layer_steps = [s for _, s in profiled_steps(reader, proc)] if proc is not None else []
+    layer_step = sel.layer_step if sel.layer_step in layer_steps else summary.hotspot_step
+    if layer_step not in layer_steps:
+        layer_step = choose_step(layer_steps, summary.peak.step)
+    raw = layer_rows(reader, proc, layer_step) if proc is not None and layer_step is not None else []
+    max_depth = max((len(r["module"].split(".")) for r in raw if r["module"]), default=0)
+    depth = sel.depth if sel.depth is not None and 0 < sel.depth < max_depth else None
+    layers = [h for h in hotspots(raw, depth) if h.module]  # '' is the whole model
+
+    inv = inventory_steps(reader, proc) if proc is not None else []
+    a = sel.diff_from if sel.diff_from in inv else (inv[0] if inv else None)
+    b = sel.diff_to if sel.diff_to in inv else (inv[-1] if inv else None)
+    groups = diff(reader, proc, a, b) if proc is not None and a is not None and b is not None else []
+
+    done = [r.step for r in reversed(rows) if r.status == "ok"]
+    bstep = sel.breakdown_step if sel.breakdown_step in done else (done[-1] if done else None)
+    bd = breakdown_for(reader, proc, bstep) if bstep is not None and breakdown_steps(reader, proc) else None
+
+    suggestions = _optional("memscope.analysis.suggestions", "suggest", reader, summary)
+    ranks = _optional("memscope.analysis.ranks", "rank_summaries", reader)
+    imbalance = None
+    if ranks.available and ranks.value:
+        imb = _optional("memscope.analysis.ranks", "imbalance", ranks.value)
+        imbalance = imb.value if imb.available else None
+
+    return Snapshot(
+        summary=summary, timeline=Timeline(proc, None, 0.0, 0.0, 0.0, 0), extra_series=[],
+        steps=rows, position=position(reader, proc),
+        layer_steps=layer_steps, layer_step=layer_step, depth=depth, max_depth=max_depth,
+        layers=layers, inventory_steps=inv, diff_from=a, diff_to=b, diff=groups,
+        breakdown_steps=done, breakdown=bd, fragmentation=fragmentation(reader, proc),
+        oom_advice=advice(summary.oom) if summary.oom is not None else [],
+        suggestions=suggestions, ranks=ranks, imbalance=imbalance,
+        read_s=0.0)
+
+
+def _optional(module: str, name: str, *args: Any) -> Maybe:
+    """Call ``module.name(*args)`` if this memscope has it: the suggestions and ranks analyses
+    are newer than the dashboard and may be missing from an installed memscope."""
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return Maybe(False)
+    try:
+        return Maybe(True, fn(*args))
+    except Exception as exc:  # noqa: BLE001 - one failing analysis must not blank the dashboard
+        return Maybe(True, None, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,90 @@
+"""4 · Breakdown: parameters / gradients / optimizer state / activations / other, at the peak and at
+a chosen step; the CUDA allocator's unused reserved memory (fragmentation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from memscope.analysis.views import BREAKDOWN_PARTS
+from memscope.report.format import human_bytes
+from memscope_tui.data import Snapshot
+from memscope_tui.views import View
+from memscope_tui.widgets import SelectionChanged, bar, fill_table, right
+
+PARTS = (*BREAKDOWN_PARTS, "other")
+
+
+class BreakdownView(View):
+    TITLE = "Breakdown"
+    HINT = "[ ] the step of the second column"
+    BINDINGS = [
+        Binding("left_square_bracket", "step(-1)", "Prev step", show=False),
+        Binding("right_square_bracket", "step(1)", "Next step", show=False),
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.snap: Snapshot | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="breakdown-caption", classes="line")
+        yield DataTable(id="breakdown-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="fragmentation")
+
+    def show(self, snap: Snapshot, filter_text: str) -> None:
+        self.snap = snap
+        peak = snap.summary.peak
+        at_peak = peak.breakdown
+        bd = snap.breakdown
+        caption = self.query_one("#breakdown-caption", Static)
+        if at_peak is None and bd is None:
+            caption.update(Text("no breakdown yet: it is measured in profiled steps", style="dim"))
+        else:
+            caption.update(Text.assemble(
+                "at peak ", (f"step {peak.step}", "bold"), f" ({human_bytes(peak.bytes)})",
+                *(() if bd is None else (" · and at ", (f"step {bd.step}", "bold"),
+                                         f" ({human_bytes(bd.peak_bytes)}, measured in step "
+                                         f"{bd.source_step}) · [ ] step"))))
+        columns = [("part", "part"), ("at peak", "peak"), ("share", "share"), ("", "bar")]
+        if bd is not None:
+            columns += [(f"step {bd.step}", "step"), ("share", "share2")]
+        rows: list[tuple[str, list[Any]]] = []
+        total_peak = sum(at_peak.values()) if at_peak else 0
+        total_step = sum(bd.parts.values()) if bd else 0
+        for part in PARTS:
+            v = at_peak.get(part) if at_peak else None
+            share = (v or 0) / total_peak if total_peak else 0.0
+            cells: list[Any] = [part.replace("_", " "), right(human_bytes(v)),
+                                right(f"{share:.0%}" if at_peak else "-"), bar(share)]
+            if bd is not None:
+                w = bd.parts[part]
+                cells += [right(human_bytes(w)), right(f"{w / total_step:.0%}" if total_step else "-")]
+            rows.append((part, cells))
+        fill_table(self.query_one("#breakdown-table", DataTable), columns, rows, self.drawn, "breakdown")
+        frag = snap.fragmentation
+        box = self.query_one("#fragmentation", Static)
+        if frag is None:
+            box.update(Text("fragmentation: CUDA only (this run has no CUDA allocator samples)",
+                            style="dim"))
+        else:
+            box.update(Text.assemble(
+                ("fragmentation ", "bold"), f"at {frag.t:.1f}s, when most was reserved: ",
+                (human_bytes(frag.reserved), "bold"), " reserved, ", human_bytes(frag.allocated),
+                " allocated, ", (f"{human_bytes(frag.unused)} unused ({frag.ratio:.0%})",
+                                 "bold red" if frag.ratio > 0.3 else "bold"),
+                f"; inactive split blocks {human_bytes(frag.inactive_split)}"
+                f"; allocator retries {frag.alloc_retries if frag.alloc_retries is not None else '-'}"))
+
+    def action_step(self, delta: int) -> None:
+        snap = self.snap
+        if snap is None or snap.breakdown is None or not snap.breakdown_steps:
+            return
+        steps = snap.breakdown_steps
+        i = steps.index(snap.breakdown.step) + delta if snap.breakdown.step in steps else len(steps) - 1
+        if 0 <= i < len(steps):
+            self.post_message(SelectionChanged(breakdown_step=steps[i]))

@@ -1,0 +1,103 @@
+"""3 · Leaks: the verdicts, and what changed between two tensor inventories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from memscope.analysis.leaks import GroupDiff, Leak
+from memscope.report.format import human_bytes
+from memscope_tui.data import Snapshot
+from memscope_tui.views import View, matches
+from memscope_tui.widgets import SelectionChanged, fill_table, right
+
+DIFF_COLUMNS = [("category", "cat"), ("dtype", "dtype"), ("shape", "shape"), ("grad_fn", "fn"),
+                ("tensors", "count"), ("Δ bytes", "delta"), ("now", "bytes")]
+
+
+def leak_line(lk: Leak) -> Text:
+    text = Text()
+    text.append("LEAK ", style="bold red")
+    text.append(f"+{human_bytes(lk.bytes_per_step)}/step", style="bold")
+    text.append(f" {lk.category} {lk.dtype} {lk.shape}")
+    if lk.grad_fn:
+        text.append(f" ({lk.grad_fn})")
+    text.append(f" steps {lk.first_step}–{lk.last_step}")
+    text.append(f" · held by {lk.held_by or '?'}")
+    if lk.site:
+        text.append(f" · {lk.site}")
+    return text
+
+
+class LeaksView(View):
+    TITLE = "Leaks"
+    HINT = "[ ] move the 'from' inventory · { } move the 'to' inventory"
+    BINDINGS = [
+        Binding("left_square_bracket", "move('diff_from', -1)", "From ←", show=False),
+        Binding("right_square_bracket", "move('diff_from', 1)", "From →", show=False),
+        Binding("left_curly_bracket", "move('diff_to', -1)", "To ←", show=False),
+        Binding("right_curly_bracket", "move('diff_to', 1)", "To →", show=False),
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.snap: Snapshot | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("no leaks found", id="verdicts")
+        yield Static("", id="diff-caption", classes="line")
+        yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
+
+    def show(self, snap: Snapshot, filter_text: str) -> None:
+        self.snap = snap
+        leaks = snap.summary.leaks
+        verdicts = self.query_one("#verdicts", Static)
+        if leaks:
+            verdicts.update(Text("\n").join(leak_line(lk) for lk in leaks[:4]))
+        elif not snap.inventory_steps:
+            verdicts.update(Text("no tensor inventories yet (memscope attach --inventory-every N)",
+                                 style="dim"))
+        else:
+            verdicts.update(Text(f"no leaks in {len(snap.inventory_steps)} inventories", style="green"))
+        caption = self.query_one("#diff-caption", Static)
+        if snap.diff_from is None or snap.diff_to is None:
+            caption.update("")
+        else:
+            caption.update(Text.assemble(
+                "diff of inventories ", (f"step {snap.diff_from}", "bold"), " → ",
+                (f"step {snap.diff_to}", "bold"),
+                f" · {len(snap.diff)} groups changed · [ ] from, {{ }} to",
+                (f" · inventories at {_steps(snap.inventory_steps)}", "dim")))
+        rows = [(f"{d.category}|{d.dtype}|{d.shape}|{d.grad_fn}|{d.device}|{i}", _cells(d))
+                for i, d in enumerate(snap.diff)
+                if matches(filter_text, d.category, d.dtype, d.shape, d.grad_fn)]
+        fill_table(self.query_one("#diff", DataTable), DIFF_COLUMNS, rows, self.drawn, "diff")
+
+    def action_move(self, which: str, delta: int) -> None:
+        snap = self.snap
+        if snap is None or snap.diff_from is None or snap.diff_to is None:
+            return
+        steps = snap.inventory_steps
+        current = snap.diff_from if which == "diff_from" else snap.diff_to
+        i = steps.index(current) + delta
+        if 0 <= i < len(steps):
+            pair = {"diff_from": snap.diff_from, "diff_to": snap.diff_to, which: steps[i]}
+            self.post_message(SelectionChanged(**pair))
+
+
+def _steps(steps: list[int]) -> str:
+    shown = ", ".join(str(s) for s in steps[:8])
+    return shown + (f" … {steps[-1]}" if len(steps) > 8 else "")
+
+
+def _cells(d: GroupDiff) -> list[Any]:
+    sign = "+" if d.bytes_delta > 0 else "-"
+    return [d.category, d.dtype or "", str(d.shape), d.grad_fn or "",
+            right(f"{d.count_from}→{d.count_to}"),
+            Text(f"{sign}{human_bytes(abs(d.bytes_delta))}", justify="right",
+                 style="bold red" if d.bytes_delta > 0 else "green"),
+            right(human_bytes(d.bytes_to))]

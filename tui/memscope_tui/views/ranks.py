@@ -1,0 +1,52 @@
+"""7 · Ranks: one line per rank of a distributed run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Static
+
+from memscope.report.format import human_bytes
+from memscope_tui.data import Snapshot
+from memscope_tui.views import View, matches
+from memscope_tui.widgets import fill_table, right
+
+NOT_AVAILABLE = "per-rank summaries are not available in this version of memscope"
+COLUMNS = [("rank", "rank"), ("host", "host"), ("proc", "proc"), ("steps", "steps"),
+           ("peak", "peak"), ("at step", "peak_step"), ("status", "status")]
+
+
+class RanksView(View):
+    TITLE = "Ranks"
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="ranks-caption", classes="line")
+        yield DataTable(id="rank-table", cursor_type="row", zebra_stripes=True)
+
+    def show(self, snap: Snapshot, filter_text: str) -> None:
+        caption = self.query_one("#ranks-caption", Static)
+        part = snap.ranks
+        rows: list[tuple[str, list[Any]]] = []
+        if not part.available:
+            caption.update(Text(NOT_AVAILABLE, style="dim"))
+        elif part.error is not None:
+            caption.update(Text(f"rank summaries failed: {part.error}", style="bold red"))
+        elif not part.value or len(part.value) < 2:
+            caption.update(Text("a single process: no ranks to compare", style="dim"))
+        else:
+            imb = snap.imbalance
+            caption.update(Text.assemble(f"{len(part.value)} ranks",
+                                         "" if imb is None else f" · peak imbalance {imb:.0%}"))
+            for r in part.value:
+                if not matches(filter_text, r.rank, r.host, r.status):
+                    continue
+                status = Text(r.status + (" · OOM" if r.oom else ""),
+                              style="bold red" if r.oom or r.status not in ("finished", "stopped", "ok")
+                              else "")
+                rows.append((f"{r.rank}|{r.proc}", [
+                    right("-" if r.rank is None else str(r.rank)), r.host or "", right(str(r.proc)), right(str(r.steps)),
+                    right(human_bytes(r.peak_bytes)), right("-" if r.peak_step is None else str(r.peak_step)),
+                    status]))
+        fill_table(self.query_one("#rank-table", DataTable), COLUMNS, rows, self.drawn, "ranks")
