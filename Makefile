@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
+TSTAMP := $(VENV)/.memscope-test-installed
 
 .PHONY: install demo test test-deps bench clean
 
@@ -17,6 +18,13 @@ $(STAMP): $(BIN)/python pyproject.toml tui/pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The integration tests drive the real Lightning and Hugging Face Trainer: installed for the tests
+# only, with the venv's own torch pinned as a constraint so neither can replace it.
+$(TSTAMP): $(STAMP)
+	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test,integrations]"
+	touch $(TSTAMP)
 
 demo: install
 	$(BIN)/memscope attach --headless --force --db demo.db examples/tiny_gpt.py --steps 30
@@ -38,7 +46,7 @@ test-deps:
 	  else echo "warning:$$missing not installed and no apt-get; the tests that need them will skip"; fi; \
 	fi
 
-test: install test-deps
+test: $(TSTAMP) test-deps
 	$(BIN)/python -m pytest -q
 
 bench: install

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,22 @@ def memscope(*args: str, cwd: Path | str = ROOT, env: dict[str, str] | None = No
         full_env.update(env)
     return subprocess.run([sys.executable, "-m", "memscope", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for a torchrun rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(nproc: int = 2) -> list[str]:
+    """The start of a single-node ``torchrun`` command on loopback (skips without torchrun)."""
+    exe = Path(sys.executable).parent / "torchrun"
+    if not exe.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    return [str(exe), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port())]
 
 
 def report_json(db: Path | str) -> dict[str, Any]:

@@ -26,12 +26,14 @@ class OomReport:
     message: str
     data: dict[str, Any] = field(default_factory=dict)
     others: int = 0  # further OOM events after the first
+    proc: int | None = None  # the process that recorded it
+    rank: int | None = None  # its distributed rank (None outside torchrun)
 
     def to_json(self) -> dict[str, Any]:
         """The ``oom`` object of ``memscope.report/1`` (DESIGN.md section 4)."""
         return {"step": self.step, "phase": self.phase, "module": self.module,
                 "requested_bytes": self.requested_bytes, "live_bytes": self.live_bytes,
-                "message": self.message}
+                "message": self.message, "rank": self.rank}
 
 
 def post_mortem(reader: RunReader) -> OomReport | None:
@@ -44,14 +46,15 @@ def post_mortem(reader: RunReader) -> OomReport | None:
                          module=d.get("module"), requested_bytes=_int(d.get("requested_bytes")),
                          live_bytes=_int(d.get("live_bytes")),
                          message=d.get("message") or ev["message"] or "out of memory",
-                         data=d, others=len(ooms) - 1)
+                         data=d, others=len(ooms) - 1, proc=ev["proc"], rank=_rank_of(reader, ev["proc"]))
     killed = reader.events("killed")
     if killed:
         ev = killed[-1]
         d = ev["data"] if isinstance(ev["data"], dict) else {}
         return OomReport(kind="killed", step=_int(d.get("step", ev["step"])), phase=None, module=None,
                          requested_bytes=None, live_bytes=_int(d.get("last_rss")),
-                         message=ev["message"] or "killed by a signal", data=d)
+                         message=ev["message"] or "killed by a signal", data=d,
+                         proc=ev["proc"], rank=_rank_of(reader, ev["proc"]))
     return None
 
 
@@ -78,6 +81,12 @@ def advice(r: OomReport) -> list[str]:
                 "a smaller micro-batch with gradient accumulation",
                 "mixed precision (bf16/fp16)"]
     return ["a smaller batch, mixed precision, or checkpointing; see memscope report for the peak"]
+
+
+def _rank_of(reader: RunReader, proc: int | None) -> int | None:
+    if proc is None:
+        return None
+    return _int(reader.scalar("SELECT rank FROM processes WHERE id = ?", (proc,)))
 
 
 def _int(v: Any) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from memscope.analysis.oom import OomReport, post_mortem
 from memscope.analysis.leaks import Leak, leaks_of
+from memscope.analysis.ranks import RankSummary, rank_summaries
 from memscope.analysis.hotspots import Hotspot, breakdown_at, choose_step, hotspots, layer_rows, profiled_steps
 from memscope.store.reader import RunReader
 
@@ -48,6 +49,7 @@ class RunSummary:
     main_proc: int | None = None  # rank 0, or the process with the most steps
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
+    ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -93,6 +95,7 @@ def summarize(reader: RunReader) -> RunSummary:
         main_proc=main["id"] if main else None,
         leaks=leaks_of(reader, main["id"] if main else None),
         oom=post_mortem(reader),
+        ranks=rank_summaries(reader),
     )
 
 
@@ -148,9 +151,9 @@ def _peak_rss_samples(reader: RunReader, procs: list[dict[str, Any]],
     """The highest RSS sample of the run, dated to a step when it fell inside one."""
     best: Peak = Peak(None, None, "rss")
     for p in procs:
-        row = reader.query("SELECT t, rss FROM samples WHERE proc = ? ORDER BY rss DESC, t LIMIT 1",
-                           (p["id"],))
-        if row and (best.bytes is None or row[0]["rss"] > best.bytes):
+        # SQLite's bare-column max(): t comes from the row holding the max; one pass, no sort
+        row = reader.query("SELECT t, max(rss) AS rss FROM samples WHERE proc = ?", (p["id"],))
+        if row and row[0]["rss"] is not None and (best.bytes is None or row[0]["rss"] > best.bytes):
             steps = steps_by_proc.get(p["id"], [])
             best = Peak(int(row[0]["rss"]), _step_at(steps, row[0]["t"]), "rss", p["id"])
     best.whole_run_bytes = best.bytes

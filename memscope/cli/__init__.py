@@ -7,7 +7,11 @@ import sys
 from typing import NoReturn, Sequence
 
 from memscope import __version__
-from memscope.cli import attach, import_snapshot, layers, leaks, oom, report, tui
+from memscope.cli import attach, export, import_snapshot, layers, leaks, oom, report, tui
+from memscope.cli import diff as diff_cmd
+from memscope.cli import merge as merge_cmd
+from memscope.cli import whatif
+from memscope.cli import estimate as estimate_cmd
 from memscope.cli.errors import CliError
 from memscope.store.schema import RunFileError
 
@@ -19,6 +23,11 @@ COMMANDS = {
     "leaks": leaks,
     "oom": oom,
     "import": import_snapshot,
+    "estimate": estimate_cmd,
+    "whatif": whatif,
+    "export": export,
+    "merge": merge_cmd,
+    "diff": diff_cmd,
 }
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from memscope.analysis.oom import OomReport, advice, post_mortem
+from memscope.analysis.oom import ABSURD_REQUEST, OomReport, advice, post_mortem
+from memscope.analysis.suggestions import suggest
 from memscope.report.format import human_bytes
 from memscope.store.reader import RunReader
 
 HELP = "explain an out-of-memory failure (or a kill) recorded in a run file"
+TOP_SUGGESTIONS = 3
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -20,15 +22,32 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with RunReader(args.db) as reader:
         report = post_mortem(reader)
+        # what the measurements say would have saved the most (memscope.analysis.suggestions)
+        tips = suggest(reader)[:TOP_SUGGESTIONS] if _memory_bound(report) else []
     if args.json:
         print(json.dumps(None if report is None else {**report.to_json(), "kind": report.kind,
-                                                      "details": report.data}, indent=2))
+                                                      "details": report.data,
+                                                      "suggestions": [t.as_json() for t in tips]},
+                         indent=2))
         return 0
     if report is None:
         print("no out-of-memory in this run")
         return 0
     print(render(report))
+    if tips:
+        print("measured  techniques ranked by estimated saving (memscope report RUN.db for more)")
+        for t in tips:
+            print(f"          {t.technique}: about {human_bytes(t.estimated_saving_bytes)} · {t.how}")
     return 0
+
+
+def _memory_bound(r: OomReport | None) -> bool:
+    """Whether saving memory is the answer: not for a shape bug or a kill from outside."""
+    if r is None:
+        return False
+    if r.kind == "killed":
+        return bool(r.data.get("likely_oom_killer"))
+    return r.requested_bytes is None or r.requested_bytes <= ABSURD_REQUEST
 
 
 def render(r: OomReport) -> str:

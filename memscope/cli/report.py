@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from memscope.analysis.summary import summarize
+from memscope.cli.errors import CliError
 from memscope.report.json_report import report_from_summary
 from memscope.report.text import render_summary
 from memscope.store.reader import RunReader
@@ -16,13 +18,31 @@ HELP = "summarise a run file (text, or the memscope.report/1 JSON document)"
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("db", metavar="RUN.db", help="run file written by memscope attach")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument("--html", metavar="OUT.html",
+                        help="also write a self-contained HTML report (memory chart, hotspots, leaks,"
+                             " suggestions, OOM); prints no text report unless --json")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.html == "-" and args.json:
+        raise CliError("report: --html - and --json cannot both write to stdout")
     with RunReader(args.db) as reader:
         summary = summarize(reader)
+        if args.html:
+            _write_html(reader, args.html)
     if args.json:
         print(json.dumps(report_from_summary(summary), indent=2))
-    else:
+    elif not args.html:
         print(render_summary(summary))
     return 0
+
+
+def _write_html(reader: RunReader, path: str) -> None:
+    from memscope.cli.export import open_output
+    from memscope.report.html import render_html
+
+    page = render_html(reader)  # built first: a failure leaves no file behind
+    with open_output(path, "report: --html") as f:
+        f.write(page)
+    if path != "-":
+        print(f"memscope: wrote {path} ({len(page.encode()) // 1024} KiB)", file=sys.stderr)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memscope.analysis.leaks import suggestions as leak_suggestions
+from memscope.analysis.ranks import imbalance
+from memscope.analysis.suggestions import suggest_for
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.report.format import iso
 from memscope.store.reader import RunReader
@@ -41,8 +42,15 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
         # present now so consumers can rely on the keys.
         "leaks": [lk.as_json() for lk in s.leaks],
         "oom": _oom(s),
-        "suggestions": leak_suggestions(s.leaks, s.steps),
+        "suggestions": [x.as_json() for x in suggest_for(s)],  # ranked, biggest saving first
+        # additive to memscope.report/1: one entry per process; (max - min) / max of their peaks
+        "ranks": [r.as_json() for r in s.ranks],
+        "rank_imbalance": _round(imbalance(s.ranks)),
     }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 def _oom(s: RunSummary) -> dict[str, Any] | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 
 from memscope.analysis.hotspots import Hotspot
+from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
+from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
 from memscope.report.format import clock, human_bytes
 
@@ -47,8 +49,11 @@ def render_summary(s: RunSummary) -> str:
     if s.oom is not None and s.oom.kind == "oom":
         where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
-        lines.append(f"oom       out of memory {at} ({where}), requested "
+        on = f" on rank {s.oom.rank}" if s.oom.rank is not None else ""
+        lines.append(f"oom       out of memory{on} {at} ({where}), requested "
                      f"{human_bytes(s.oom.requested_bytes)} (memscope oom RUN.db explains it)")
+    if len(s.ranks) > 1:
+        lines.extend(render_ranks(s.ranks, _METRIC.get(s.peak.metric, s.peak.metric)))
     if s.hotspots:
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
                      " (memscope layers RUN.db for all modules)")
@@ -57,10 +62,51 @@ def render_summary(s: RunSummary) -> str:
         what = f"{lk.category} {lk.dtype} {lk.shape}" + (f" {lk.grad_fn}" if lk.grad_fn else "")
         lines.append(f"leak      {what} +{human_bytes(lk.bytes_per_step)}/step, held by "
                      f"{lk.held_by or 'unknown'} (memscope leaks RUN.db)")
+    lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)
 
 
+def render_suggestions(items: list[Suggestion], top: int = 5, indent: str = "  ") -> list[str]:
+    """The "Suggestions" section: technique, estimated saving, the change, and what it rests on."""
+    if not items:
+        return []
+    more = f"; {len(items) - top} more in --json" if len(items) > top else ""
+    out = [f"suggestions ranked by estimated saving at the peak{more}"]
+    for x in items[:top]:
+        out.append(f"{indent}{x.technique}: saves about {human_bytes(x.estimated_saving_bytes)}")
+        out.append(f"{indent}  how   {x.how}")
+        out.append(f"{indent}  why   {x.evidence}")
+    return out
+
+
 _TOP = 8
+
+
+def render_ranks(ranks: list[RankSummary], metric: str) -> list[str]:
+    """The per-rank table and the imbalance line of the text report."""
+    ratio = imbalance(ranks)
+    head = f"ranks     {len(ranks)} processes, peak {metric} per rank"
+    hi, lo = heaviest(ranks), lightest(ranks)
+    if ratio is not None and hi is not None and lo is not None:
+        head += (f"; imbalance {ratio * 100:.1f}% (rank {_rank(hi)} {human_bytes(hi.peak_bytes)}"
+                 f" vs rank {_rank(lo)} {human_bytes(lo.peak_bytes)})")
+    table = [["rank", "local", "host", "steps", "peak", "at step", "ms/step", "status"]]
+    for r in ranks:
+        table.append([_rank(r), "-" if r.local_rank is None else str(r.local_rank), r.host or "-",
+                      str(r.steps), human_bytes(r.peak_bytes),
+                      "-" if r.peak_step is None else str(r.peak_step),
+                      "-" if r.median_step_s is None else f"{r.median_step_s * 1000:.0f}",
+                      r.status + (" OOM" if r.oom else "")])
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    out = [head]
+    for row in table:
+        cells = [c.ljust(w) if i in (2, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.append("  " + "  ".join(cells).rstrip())
+    return out
+
+
+def _rank(r: RankSummary) -> str:
+    return f"#{r.proc}" if r.rank is None else str(r.rank)
 
 
 def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str = "") -> str:
