@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 from textual.pilot import Pilot
 
-from memscope_tui.app import MemscopeApp
+from memscope_tui.app import HelpScreen, MemscopeApp
 
 pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot (test extras)")
 
@@ -59,4 +59,18 @@ def test_oom_view(snap_compare: Any) -> None:
 
 def test_help(snap_compare: Any) -> None:
     app = MemscopeApp(str(DATA / "leaky.sqlite"), now=frozen_clock)
-    assert snap_compare(app, press=["question_mark"], terminal_size=SIZE, run_before=loaded())
+    before = loaded()
+
+    async def help_open(pilot: Pilot[Any]) -> None:
+        # open the modal here and wait until it is up and still: pressed as a snapshot key, it
+        # was caught mid-transition once under a loaded machine
+        await before(pilot)
+        await pilot.press("question_mark")
+        for _ in range(100):
+            if isinstance(pilot.app.screen, HelpScreen):
+                break
+            await pilot.pause(0.02)
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=help_open)
