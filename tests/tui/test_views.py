@@ -69,9 +69,19 @@ async def test_layers_match_the_hotspots(tiny_run: Path, tiny_report: dict[str, 
         table = app.query_one("#layer-table", DataTable)
         labels = [str(c.label) for c in table.columns.values()]
         modules, shares, bars = column(table, 0), column(table, 3), column(table, 4)
+        backward = column(table, labels.index("bwd ms")) if "bwd ms" in labels else []
+        snap = app.snapshot
         caption = text_of(app, "#layers-caption")
         assert table.region.width <= 80 and table.has_focus
     assert labels[:4] == ["module", "type", "activations", "share"] and "fwd ms" in labels
+    # backward time per module, as the analysis gives it; every real module ran a backward,
+    # the "<no module>" row (the loss) is no module and has no time
+    assert snap is not None and backward
+    by_module = {h.module: h for h in snap.layers}
+    for name, cell in zip(modules, backward):
+        b = by_module[name].backward_s
+        assert (b is None) == (name == "<no module>"), name
+        assert cell.strip() == ("-" if b is None else f"{b * 1000:.1f}")
     top = tiny_report["hotspots"][0]
     assert modules[0] == top["module"] and shares[0] == f"{top['share']:.0%}"
     assert set(h["module"] for h in tiny_report["hotspots"]) <= set(modules)

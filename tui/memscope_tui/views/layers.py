@@ -20,10 +20,12 @@ SORTS: list[tuple[str, Any]] = [
     ("activations", lambda h: (-h.activation_bytes, h.module)),
     ("output", lambda h: (-h.output_bytes, h.module)),
     ("time", lambda h: (-h.forward_s, h.module)),
+    ("backward time", lambda h: (-(h.backward_s or 0.0), h.module)),
     ("name", lambda h: h.module),
 ]
 COLUMNS = [("module", "module"), ("type", "type"), ("activations", "act"), ("share", "share"),
-           ("", "bar"), ("output", "out"), ("fwd ms", "time"), ("calls", "calls")]
+           ("", "bar"), ("output", "out"), ("fwd ms", "time"), ("bwd ms", "btime"),
+           ("calls", "calls")]
 
 
 class LayersView(View):
@@ -66,7 +68,7 @@ class LayersView(View):
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         """A click on a column title sorts by it."""
         by = {"module": "name", "act": "activations", "share": "activations", "bar": "activations",
-              "out": "output", "time": "time"}.get(str(event.column_key.value))
+              "out": "output", "time": "time", "btime": "backward time"}.get(str(event.column_key.value))
         if by is not None:
             self.sort_index = [label for label, _ in SORTS].index(by)
             if self.snap is not None:
@@ -97,4 +99,5 @@ class LayersView(View):
 def _cells(h: Hotspot) -> list[Any]:
     return [h.module, h.type or "", right(human_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
             bar(h.share), right(human_bytes(h.output_bytes)), right(f"{h.forward_s * 1000:.1f}"),
+            right("-" if h.backward_s is None else f"{h.backward_s * 1000:.1f}"),  # None: no backward ran
             right(str(h.calls))]
