@@ -49,6 +49,7 @@ class RunSummary:
     main_proc: int | None = None  # rank 0, or the process with the most steps
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
+    cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
     ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
 
 
@@ -95,6 +96,7 @@ def summarize(reader: RunReader) -> RunSummary:
         main_proc=main["id"] if main else None,
         leaks=leaks_of(reader, main["id"] if main else None),
         oom=post_mortem(reader),
+        cut_short=next((e["message"] for e in reader.events("max_steps")), None),
         ranks=rank_summaries(reader),
     )
 

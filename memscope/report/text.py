@@ -23,7 +23,7 @@ def render_summary(s: RunSummary) -> str:
     duration = f" ({s.ended - s.started:.1f} s)" if s.started and s.ended else ""
     lines = [
         f"run       {shlex.join(s.command)}",
-        f"status    {ending}",
+        f"status    {ending}" + (f" · {s.cut_short}" if s.cut_short else ""),
         f"device    {s.device} · torch {s.torch or '?'} · {len(s.processes)} process(es)",
         f"time      {clock(s.started)} → {clock(s.ended) if s.ended else 'still running'}{duration}",
     ]
