@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from memscope.analysis.summary import summarize
+from memscope.analysis.summary import RunSummary, summarize
 from memscope.cli.errors import CliError
 from memscope.report.json_report import report_from_summary
 from memscope.report.text import render_summary
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     with RunReader(args.db) as reader:
         summary = summarize(reader)
         if args.html:
-            _write_html(reader, args.html)
+            _write_html(reader, summary, args.html)
     if args.json:
         print(json.dumps(report_from_summary(summary), indent=2))
     elif not args.html:
@@ -37,11 +37,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_html(reader: RunReader, path: str) -> None:
+def _write_html(reader: RunReader, summary: RunSummary, path: str) -> None:
     from memscope.cli.export import open_output
     from memscope.report.html import render_html
 
-    page = render_html(reader)  # built first: a failure leaves no file behind
+    page = render_html(reader, summary)  # built first: a failure leaves no file behind
     with open_output(path, "report: --html") as f:
         f.write(page)
     if path != "-":

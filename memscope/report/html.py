@@ -12,14 +12,12 @@ memscope.analysis; this module only lays it out.
 from __future__ import annotations
 
 import html
-import importlib
-import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from memscope import __version__
-from memscope.analysis.leaks import suggestions as leak_suggestions
 from memscope.analysis.oom import OomReport, advice
+from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, memory_timeline
 from memscope.report.format import clock, human_bytes
@@ -263,18 +261,8 @@ def _leaks(s: RunSummary) -> str:
 
 
 def suggestions_of(reader: RunReader, s: RunSummary) -> list[dict[str, Any]]:
-    """memscope.analysis.suggestions.suggest(reader) when that module exists, else the leak
-    fixes that memscope report --json lists today."""
-    suggest: Callable[[RunReader], Sequence[Any]] | None = _optional(
-        "memscope.analysis.suggestions", "suggest")
-    if suggest is None:
-        return leak_suggestions(s.leaks, s.steps)
-    takes_summary = "summary" in inspect.signature(suggest).parameters
-    out = []
-    for sg in (suggest(reader, summary=s) if takes_summary else suggest(reader)):
-        get = sg.get if isinstance(sg, dict) else (lambda k, _s=sg: getattr(_s, k, None))
-        out.append({k: get(k) for k in ("technique", "estimated_saving_bytes", "evidence", "how")})
-    return out
+    """The ranked suggestions, as ``memscope report --json`` lists them."""
+    return [sg.as_json() for sg in suggest(reader, s)]
 
 
 def _suggestions(items: list[dict[str, Any]]) -> str:
@@ -285,11 +273,8 @@ def _suggestions(items: list[dict[str, Any]]) -> str:
     return "<h2>Suggestions</h2>" + _table(["technique", "saves about", "evidence", "how"], rows, {1})
 
 
-def _ranks(reader: RunReader) -> str:
-    rank_summaries = _optional("memscope.analysis.ranks", "rank_summaries")
-    if rank_summaries is None:
-        return ""
-    ranks = rank_summaries(reader)
+def _ranks(s: RunSummary) -> str:
+    ranks = s.ranks
     if len(ranks) < 2:
         return ""
     rows = [[esc(r.rank), esc(r.host), esc(r.steps), esc(human_bytes(r.peak_bytes)),
@@ -298,14 +283,6 @@ def _ranks(reader: RunReader) -> str:
              esc(r.status + (" OOM" if r.oom else ""))] for r in ranks]
     return "<h2>Ranks</h2>" + _table(["rank", "host", "steps", "peak", "at step", "ms/step",
                                       "status"], rows, {2, 3, 5})
-
-
-def _optional(module: str, name: str) -> Any:
-    """A function from a module that may not exist in this version of memscope."""
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ModuleNotFoundError:
-        return None
 
 
 # -- the page --------------------------------------------------------------------------------
@@ -337,8 +314,8 @@ footer{color:#888;font-size:12px;padding:0 16px 16px}
 """
 
 
-def render_html(reader: RunReader) -> str:
-    s = summarize(reader)
+def render_html(reader: RunReader, summary: RunSummary | None = None) -> str:
+    s = summary if summary is not None else summarize(reader)
     lines = chart_lines(reader, s)
     origin = (reader.run() or {}).get("started") or 0.0
     main_steps = [st for st in reader.steps(s.main_proc)] if s.main_proc is not None else []
@@ -368,7 +345,7 @@ def render_html(reader: RunReader) -> str:
         legend(lines, peak_span is not None, oom_t is not None),
         _oom(s.oom),
         "<h2>Run</h2>", _facts(s), _breakdown(s),
-        _hotspots(s), _leaks(s), _suggestions(suggestions_of(reader, s)), _ranks(reader),
+        _hotspots(s), _leaks(s), _suggestions(suggestions_of(reader, s)), _ranks(s),
         "</main>",
         f"<footer>memscope {esc(__version__)} · {esc(s.path)}</footer></body></html>\n",
     ])

@@ -6,24 +6,22 @@ analysis function the view is built on), never against numbers written here.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static, TabbedContent
 
 from memscope.analysis.hotspots import hotspots, layer_rows
 from memscope.analysis.leaks import diff
+from memscope.analysis.ranks import imbalance, rank_summaries
+from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.views import breakdown_for
 from memscope.report.format import human_bytes
 from memscope.store.reader import RunReader
 from memscope_tui.app import MemscopeApp
-from memscope_tui.views.ranks import NOT_AVAILABLE as RANKS_NOT_AVAILABLE
-from memscope_tui.views.suggestions import NOT_AVAILABLE as SUGGESTIONS_NOT_AVAILABLE
 
 
 async def wait_until(pilot: Pilot[Any], predicate: Any, timeout: float = 20.0) -> None:
@@ -235,18 +233,12 @@ async def test_no_oom_says_so(tiny_run: Path) -> None:
 
 
 async def test_suggestions_view(leaky_run: Path) -> None:
-    available = importlib.util.find_spec("memscope.analysis.suggestions") is not None
     app = MemscopeApp(str(leaky_run))
     async with app.run_test(size=(80, 24)) as pilot:
         await opened(pilot, app, "5")
         body = text_of(app, "#suggestion-list")
         snap = app.snapshot
     assert snap is not None
-    if not available:
-        assert body == SUGGESTIONS_NOT_AVAILABLE
-        return
-    from memscope.analysis.suggestions import suggest
-
     with RunReader(leaky_run) as reader:
         expected = suggest(reader)
     assert snap.suggestions.error is None
@@ -257,18 +249,12 @@ async def test_suggestions_view(leaky_run: Path) -> None:
 
 
 async def test_ranks_view(ddp_run: Path) -> None:
-    available = importlib.util.find_spec("memscope.analysis.ranks") is not None
     app = MemscopeApp(str(ddp_run))
     async with app.run_test(size=(80, 24)) as pilot:
         await opened(pilot, app, "7")
         caption = text_of(app, "#ranks-caption")
         table = app.query_one("#rank-table", DataTable)
         ranks, peaks = column(table, 0), column(table, 4)
-    if not available:
-        assert caption == RANKS_NOT_AVAILABLE
-        return
-    from memscope.analysis.ranks import imbalance, rank_summaries
-
     with RunReader(ddp_run) as reader:
         expected = rank_summaries(reader)
     assert ranks == ["0", "1"]
@@ -280,8 +266,6 @@ async def test_ranks_view(ddp_run: Path) -> None:
 
 
 async def test_single_process_has_no_ranks_table(tiny_run: Path) -> None:
-    if importlib.util.find_spec("memscope.analysis.ranks") is None:
-        pytest.skip("memscope.analysis.ranks is not in this tree")
     app = MemscopeApp(str(tiny_run))
     async with app.run_test(size=(80, 24)) as pilot:
         await opened(pilot, app, "7")

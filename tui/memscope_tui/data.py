@@ -8,7 +8,6 @@ two inventories to compare, the breakdown step) travels in a :class:`Selection`.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,6 +15,9 @@ from typing import Any
 from memscope.analysis.hotspots import Hotspot, choose_step, hotspots, layer_rows, profiled_steps
 from memscope.analysis.leaks import GroupDiff, diff, inventory_steps
 from memscope.analysis.oom import advice
+from memscope.analysis.ranks import RankSummary
+from memscope.analysis.ranks import imbalance as rank_imbalance
+from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, StepRow, Timeline, memory_timeline, recent_steps
 from memscope.analysis.views import (Fragmentation, StepBreakdown, breakdown_for, breakdown_steps,
@@ -38,10 +40,9 @@ class Selection:
 
 
 @dataclass(frozen=True)
-class Maybe:
-    """A part that comes from a module this memscope may not have yet."""
+class Part:
+    """An analysis result, or why it failed: one failing analysis must not blank the dashboard."""
 
-    available: bool
     value: Any = None
     error: str | None = None
 
@@ -68,8 +69,8 @@ class Snapshot:
     breakdown: StepBreakdown | None
     fragmentation: Fragmentation | None
     oom_advice: list[str]
-    suggestions: Maybe
-    ranks: Maybe
+    suggestions: Part
+    ranks: list[RankSummary]                         # one per process (from the summary)
     imbalance: float | None
     read_s: float                                    # how long the read took
 
@@ -119,12 +120,7 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
     bstep = sel.breakdown_step if sel.breakdown_step in done else (done[-1] if done else None)
     bd = breakdown_for(reader, proc, bstep) if bstep is not None and breakdown_steps(reader, proc) else None
 
-    suggestions = _optional("memscope.analysis.suggestions", "suggest", reader, summary)
-    ranks = _optional("memscope.analysis.ranks", "rank_summaries", reader)
-    imbalance = None
-    if ranks.available and ranks.value:
-        imb = _optional("memscope.analysis.ranks", "imbalance", ranks.value)
-        imbalance = imb.value if imb.available else None
+    suggestions = _guarded(suggest, reader, summary)
 
     return Snapshot(
         summary=summary, timeline=Timeline(proc, None, 0.0, 0.0, 0.0, 0), extra_series=[],
@@ -133,18 +129,12 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
         layers=layers, inventory_steps=inv, diff_from=a, diff_to=b, diff=groups,
         breakdown_steps=done, breakdown=bd, fragmentation=fragmentation(reader, proc),
         oom_advice=advice(summary.oom) if summary.oom is not None else [],
-        suggestions=suggestions, ranks=ranks, imbalance=imbalance,
+        suggestions=suggestions, ranks=summary.ranks, imbalance=rank_imbalance(summary.ranks),
         read_s=0.0)
 
 
-def _optional(module: str, name: str, *args: Any) -> Maybe:
-    """Call ``module.name(*args)`` if this memscope has it: the suggestions and ranks analyses
-    are newer than the dashboard and may be missing from an installed memscope."""
+def _guarded(fn: Any, *args: Any) -> Part:
     try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return Maybe(False)
-    try:
-        return Maybe(True, fn(*args))
+        return Part(fn(*args))
     except Exception as exc:  # noqa: BLE001 - one failing analysis must not blank the dashboard
-        return Maybe(True, None, f"{type(exc).__name__}: {exc}")
+        return Part(None, f"{type(exc).__name__}: {exc}")

@@ -13,7 +13,6 @@ from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
 from memscope_tui.widgets import fill_table, right
 
-NOT_AVAILABLE = "per-rank summaries are not available in this version of memscope"
 COLUMNS = [("rank", "rank"), ("host", "host"), ("proc", "proc"), ("steps", "steps"),
            ("peak", "peak"), ("at step", "peak_step"), ("status", "status")]
 
@@ -27,19 +26,15 @@ class RanksView(View):
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
         caption = self.query_one("#ranks-caption", Static)
-        part = snap.ranks
+        ranks = snap.ranks
         rows: list[tuple[str, list[Any]]] = []
-        if not part.available:
-            caption.update(Text(NOT_AVAILABLE, style="dim"))
-        elif part.error is not None:
-            caption.update(Text(f"rank summaries failed: {part.error}", style="bold red"))
-        elif not part.value or len(part.value) < 2:
+        if len(ranks) < 2:
             caption.update(Text("a single process: no ranks to compare", style="dim"))
         else:
             imb = snap.imbalance
-            caption.update(Text.assemble(f"{len(part.value)} ranks",
+            caption.update(Text.assemble(f"{len(ranks)} ranks",
                                          "" if imb is None else f" · peak imbalance {imb:.0%}"))
-            for r in part.value:
+            for r in ranks:
                 if not matches(filter_text, r.rank, r.host, r.status):
                     continue
                 status = Text(r.status + (" · OOM" if r.oom else ""),
