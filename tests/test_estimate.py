@@ -3,7 +3,6 @@ breakdown of real runs of examples/tiny_gpt.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 import sys
@@ -145,19 +144,7 @@ def test_bad_numbers_are_one_line_and_exit_2(args: list[str], message: str) -> N
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_a_script_without_the_script_mode_is_one_clear_error(monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "memscope.analysis.script_estimate" else real(name, *a))
-    assert cli_main(["estimate", "train.py", "--lr", "3"]) == 2
-    err = capsys.readouterr().err
-    assert "estimate: estimating from a script needs" in err
-
-
 def test_a_script_goes_to_the_script_mode_with_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    if importlib.util.find_spec("memscope.analysis.script_estimate") is None:
-        pytest.skip("memscope.analysis.script_estimate not present")
     import memscope.analysis.script_estimate as se
     seen: dict[str, Any] = {}
     monkeypatch.setattr(se, "run", lambda args: seen.update(script=args.script, rest=args.script_args) or 0)

@@ -4,8 +4,6 @@ or from a script (``memscope estimate train.py ARGS``, by memscope.analysis.scri
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import re
 
@@ -13,7 +11,6 @@ from memscope.analysis.estimate import OPTIMIZERS, PRECISIONS, Estimate, Estimat
 from memscope.cli.errors import CliError
 
 HELP = "estimate training memory from model numbers (or from a script)"
-SCRIPT_MODULE = "memscope.analysis.script_estimate"
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
@@ -55,11 +52,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.script:
-        if importlib.util.find_spec(SCRIPT_MODULE) is None:
-            raise CliError("estimate: estimating from a script needs memscope.analysis.script_estimate, "
-                           "which this memscope does not have; give numbers instead "
-                           "(--params 7e9 --optimizer adamw --precision bf16 ...)")
-        return int(importlib.import_module(SCRIPT_MODULE).run(args))
+        from memscope.analysis import script_estimate  # runs the script: only when asked
+
+        return int(script_estimate.run(args))
     inputs = Inputs(params=args.params, optimizer=args.optimizer, precision=args.precision,
                     batch=args.batch, seq=args.seq, layers=args.layers, hidden=args.hidden,
                     heads=args.heads, vocab=args.vocab, world_size=args.world_size, zero=args.zero,
