@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, memscope
+from memscope.analysis.script_estimate import run_recorded
 from memscope.analysis.suggestions import suggest
 from memscope.store.reader import RunReader
 
@@ -85,7 +86,7 @@ def test_the_trial_applies_the_plan_the_suggestion_describes(whatif: tuple[str, 
     assert "out = model(x)" in mp.how  # what the trial wraps: the model's forward
 
 
-def test_the_trial_takes_no_plan_from_a_stray_environment(tmp_path: Path) -> None:
+def test_the_trial_ignores_a_plan_that_names_no_sequential_of_the_model(tmp_path: Path) -> None:
     """A plan naming no Sequential of the model is ignored: the trial's own choice applies."""
     script = tmp_path / "seq.py"
     script.write_text(
@@ -95,9 +96,10 @@ def test_the_trial_takes_no_plan_from_a_stray_environment(tmp_path: Path) -> Non
         "for _ in range(3):\n"
         "    m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()\n")
     db = tmp_path / "x.db"
-    out = memscope("attach", "--db", str(db), "--headless", "--try", "activation_checkpointing",
-                   str(script), env={"MEMSCOPE_CHECKPOINT_PLAN": '{"container": "nope", "segments": 3}'})
-    assert out.returncode == 0, out.stderr
+    child = run_recorded(str(script), [], str(db), {
+        "try_techniques": ["activation_checkpointing"],
+        "checkpoint_plan": {"container": "nope", "segments": 3}})
+    assert child.ok, child.last_error()
     with RunReader(str(db)) as reader:
         events = [e["data"] for e in reader.events("technique")]
     assert events and events[0]["applied"] is True

@@ -184,3 +184,15 @@ def test_attach_try_rejects_an_unknown_technique(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "unknown technique in ['quantization']" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_checkpoint_plan_option_is_validated() -> None:
+    from memscope.agent.config import AgentOptions
+
+    plan = {"container": "body", "segments": 2}
+    assert AgentOptions.from_mapping({"checkpoint_plan": plan}).checkpoint_plan == plan
+    for bad in ({"container": "body"}, {"container": 3, "segments": 2},
+                {"container": "body", "segments": 1}, {"container": "body", "segments": True},
+                "body:2"):
+        with pytest.raises(ValueError, match="checkpoint_plan"):
+            AgentOptions.from_mapping({"checkpoint_plan": bad})

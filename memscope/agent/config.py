@@ -37,6 +37,9 @@ class AgentOptions:
     try_techniques: list[str] = field(default_factory=list)  # see TECHNIQUES (memscope whatif)
     simulate_gpu: int = 0  # bytes: cap each CUDA device's allocator to this much (0: no cap)
     tensor_peak: bool = False  # exact peak of live tensor bytes per step, from step 1 (costly: what-ifs)
+    # activation_checkpointing through checkpoint_sequential as the estimator planned it:
+    # {"container": dotted name of an nn.Sequential, "segments": N} (memscope whatif sets it)
+    checkpoint_plan: dict[str, Any] | None = None
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
@@ -58,6 +61,10 @@ class AgentOptions:
             raise ValueError(f"unknown technique in {self.try_techniques!r}; known: {', '.join(TECHNIQUES)}")
         if isinstance(self.simulate_gpu, bool) or not isinstance(self.simulate_gpu, int) or self.simulate_gpu < 0:
             raise ValueError(f"simulate_gpu must be a byte count >= 0, not {self.simulate_gpu!r}")
+        plan = self.checkpoint_plan
+        if plan is not None and not (isinstance(plan, dict) and isinstance(plan.get("container"), str)
+                                     and type(plan.get("segments")) is int and plan["segments"] >= 2):
+            raise ValueError(f"checkpoint_plan must be {{'container': NAME, 'segments': N >= 2}}, not {plan!r}")
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self

@@ -15,7 +15,7 @@ them on CPU (:class:`TensorPeak`), the step limit that ends a trial (``--max-ste
   the most activation bytes: nothing is measured before the first forward) runs under
   ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. Without such blocks, a
   Sequential is checkpointed with ``checkpoint_sequential``: the one and the segment count the
-  estimator chose from the baseline (``MEMSCOPE_CHECKPOINT_PLAN``, set by ``memscope whatif``),
+  estimator chose from the baseline (the ``checkpoint_plan`` option, set by ``memscope whatif``),
   else the longest in sqrt(n) segments.
 
 The root is found lazily: a global forward pre-hook waits for the first module with parameters
@@ -311,7 +311,8 @@ class _RootWatcher:
                          {"technique": "mixed_precision", "applied": True, "device": device})
 
     def _checkpointing(self, root: Any) -> None:
-        seq_name, seq, segments = planned_sequential(root)  # the estimator's plan comes first
+        # the estimator's plan comes first
+        seq_name, seq, segments = planned_sequential(root, self.agent.options.checkpoint_plan)
         container, blocks = ("", []) if seq is not None else choose_blocks(root)
         if blocks:
             def wrap(orig: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> Any:
@@ -369,27 +370,17 @@ def choose_blocks(root: Any) -> tuple[str, list[Any]]:
     return (best[1], best[2]) if best else ("", [])
 
 
-PLAN_ENV = "MEMSCOPE_CHECKPOINT_PLAN"  # memscope.analysis.whatif.PLAN_ENV (no torch import there)
-
-
-def planned_sequential(root: Any) -> tuple[str, Any, int]:
+def planned_sequential(root: Any, plan: dict[str, Any] | None) -> tuple[str, Any, int]:
     """The Sequential and segment count the estimator chose for this model (``memscope whatif``
-    passes them in ``MEMSCOPE_CHECKPOINT_PLAN`` as JSON ``{"container": NAME, "segments": N}``),
-    so that the trial measures the plan the suggestion describes; ``("", None, 0)`` without one
-    or when it does not name a Sequential of this model."""
-    import json
-    import os
-
-    try:
-        plan = json.loads(os.environ.get(PLAN_ENV) or "null")
-        if not isinstance(plan, dict):
-            return "", None, 0
-        name, segments = str(plan["container"]), int(plan["segments"])
-        seq = dict(root.named_modules()).get(name)
-        if isinstance(seq, torch.nn.Sequential) and 2 <= segments <= len(seq):
-            return name, seq, segments
-    except Exception:
-        pass
+    passes them as the ``checkpoint_plan`` option), so that the trial measures the plan the
+    suggestion describes; ``("", None, 0)`` without one or when it does not name a Sequential of
+    this model (or one too short for that many segments)."""
+    if plan is None:
+        return "", None, 0
+    name, segments = plan["container"], plan["segments"]  # validated by AgentOptions
+    seq = dict(root.named_modules()).get(name)
+    if isinstance(seq, torch.nn.Sequential) and segments <= len(seq):
+        return name, seq, segments
     return "", None, 0
 
 

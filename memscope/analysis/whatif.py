@@ -32,7 +32,6 @@ COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations")
 TOLERANCE = 0.25  # issue #6: measured within 25% of the estimate
 # the checkpointing plan (JSON {"container", "segments"}) a trial applies: the estimator's, so
 # that the measured saving is the saving of the plan the suggestion describes
-PLAN_ENV = "MEMSCOPE_CHECKPOINT_PLAN"  # read by memscope.agent.techniques.planned_sequential
 
 
 @dataclass

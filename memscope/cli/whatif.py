@@ -11,7 +11,9 @@ import tempfile
 from typing import Any
 
 from memscope.agent.config import TECHNIQUES
-from memscope.analysis.whatif import PLAN_ENV, Comparison, compare, estimate_for, measure, to_json
+from memscope.analysis.suggestions import checkpoint_plan_for, suggest
+from memscope.analysis.summary import summarize
+from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json
 from memscope.cli.errors import CliError
 from memscope.report.format import human_bytes
 from memscope.store.reader import RunReader
@@ -43,26 +45,24 @@ def _techniques(words: list[str]) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-def _suggestions(reader: RunReader) -> tuple[list[Any], str | None, str | None]:
+def _suggestions(reader: RunReader) -> tuple[list[Any], str | None, dict[str, Any] | None]:
     """The estimator's suggestions for the baseline, or a note saying why there are none, and
-    the checkpointing plan for the trial (JSON for PLAN_ENV; None: the trial's own choice)."""
+    the checkpointing plan for the trial (the ``checkpoint_plan`` option; None: the trial's own
+    choice)."""
     try:
-        from memscope.analysis.suggestions import checkpoint_plan_for, suggest
-    except ImportError:
-        return [], "estimator not available (memscope.analysis.suggestions missing)", None
-    try:
-        suggestions = list(suggest(reader))
+        summary = summarize(reader)
+        suggestions = list(suggest(reader, summary))
     except Exception as exc:  # a bug there must not hide the measurement
         return [], f"estimator failed: {type(exc).__name__}: {exc}", None
     try:
-        plan = checkpoint_plan_for(reader)
+        plan = checkpoint_plan_for(reader, summary)
     except Exception:
         plan = None
     # repeated blocks: the trial finds the same ones by itself; a Sequential: tell it which one
     # and in how many segments, so that it measures the plan the estimate is for
-    env = (json.dumps({"container": plan.container, "segments": plan.segments})
-           if plan is not None and plan.mode == "sequential" else None)
-    return suggestions, None, env
+    chosen = ({"container": plan.container, "segments": plan.segments}
+              if plan is not None and plan.mode == "sequential" else None)
+    return suggestions, None, chosen
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,18 +84,11 @@ def run(args: argparse.Namespace) -> int:
     options = {"max_steps": args.steps, "layers_every": 1, "layers_first": 1, "inventory_every": 0,
                "tensor_peak": True}
 
-    def one(label: str, tries: list[str], plan: str | None = None) -> Any:
+    def one(label: str, tries: list[str], plan: dict[str, Any] | None = None) -> Any:
         db = os.path.join(workdir, f"whatif-{stem}-{label}.db")
         print(f"memscope whatif: {label}: {args.steps} steps of {args.script} ...", file=sys.stderr)
-        saved = os.environ.pop(PLAN_ENV, None)
-        if plan is not None:
-            os.environ[PLAN_ENV] = plan  # the child inherits the environment
-        try:
-            return run_recorded(args.script, args.script_args, db, {**options, "try_techniques": tries})
-        finally:
-            os.environ.pop(PLAN_ENV, None)
-            if saved is not None:
-                os.environ[PLAN_ENV] = saved
+        return run_recorded(args.script, args.script_args, db,
+                            {**options, "try_techniques": tries, "checkpoint_plan": plan})
 
     base_run = one("baseline", [])
     if not base_run.ok:
