@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, memscope
-from memscope.analysis.script_estimate import run_recorded
+from memscope.runners.script_estimate import run_recorded
 from memscope.analysis.suggestions import suggest
 from memscope.store.reader import RunReader
 

@@ -145,7 +145,7 @@ def test_bad_numbers_are_one_line_and_exit_2(args: list[str], message: str) -> N
 
 
 def test_a_script_goes_to_the_script_mode_with_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    import memscope.analysis.script_estimate as se
+    import memscope.runners.script_estimate as se
     seen: dict[str, Any] = {}
     monkeypatch.setattr(se, "run", lambda args: seen.update(script=args.script, rest=args.script_args) or 0)
     assert cli_main(["estimate", "train.py", "--lr", "3"]) == 0

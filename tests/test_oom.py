@@ -209,7 +209,7 @@ def test_oom_killer_hint(tmp_path: Path) -> None:
     """The hint needs the last RSS above 80% of the machine: checked with a tiny 'machine'."""
     from memscope.store.runs import create_run
     from memscope.store.writer import connect_rw
-    from memscope.supervisor import record_killed
+    from memscope.runners.supervisor import record_killed
 
     db = str(tmp_path / "h.db")
     create_run(db, ["python", "x.py"])

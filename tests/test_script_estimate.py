@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT, memscope
-from memscope.analysis.script_estimate import CUDA_CONTEXT_ALLOWANCE
+from memscope.runners.script_estimate import CUDA_CONTEXT_ALLOWANCE
 
 MLP = '''
 import sys, torch, torch.nn as nn, torch.nn.functional as F
@@ -87,7 +87,7 @@ def test_the_estimating_process_never_imports_torch(tmp_path: Path) -> None:
     script = tmp_path / "mlp.py"
     script.write_text(MLP)
     code = ("import sys, argparse\n"
-            "from memscope.analysis import script_estimate\n"
+            "from memscope.runners import script_estimate\n"
             f"rc = script_estimate.run(argparse.Namespace(script={str(script)!r}, script_args=['3']))\n"
             "assert rc == 0\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import memscope, report_json
-from memscope.agent.simulate import parse_size
+from memscope.units import parse_size
 
 GIB = 1 << 30
 

@@ -38,6 +38,8 @@ from typing import Any, Iterable
 
 import torch
 
+from memscope.constants import WARMUP_STEPS
+
 MAX_GRAPH_NODES = 200_000  # autograd nodes walked per inventory, all graphs together
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group tried by the holder search
@@ -603,8 +605,6 @@ class InventoryCollector:
         self.budget = budget
         # the next step due: under a time budget, start where the verdict starts looking
         # (earlier inventories only show warm-up growth); an exact cadence starts at step 0
-        from memscope.analysis.leaks import WARMUP_STEPS  # pure, no torch
-
         self._next = WARMUP_STEPS if budget > 0 else 0
         self._history: dict[Signature, list[tuple[int, int, int]]] = {}
         self._steps: list[int] = []
@@ -625,8 +625,6 @@ class InventoryCollector:
         self._next = step + interval
 
     def take(self, step: int, optimizers: Iterable[Any]) -> Inventory:
-        from memscope.analysis.leaks import WARMUP_STEPS  # pure, no torch
-
         suspects = set(self._suspects)
         self.new_suspects = set()
         inv = take_inventory(optimizers, suspects)

@@ -15,11 +15,11 @@ from memscope.agent.inventory import InventoryCollector
 from memscope.agent.leak_sites import SiteCapture
 
 if TYPE_CHECKING:
-    from memscope.agent.runtime import Agent
+    from memscope.agent.host import CollectorHost
 
 
 class LeakCollector:
-    def __init__(self, agent: "Agent", every: int, budget: float) -> None:
+    def __init__(self, agent: "CollectorHost", every: int, budget: float) -> None:
         self._agent = agent
         self.inventory = InventoryCollector(every, budget)
         self.sites = SiteCapture()
@@ -51,19 +51,19 @@ class LeakCollector:
         if not (agent.running and self.inventory.due(step)):
             return
         try:
-            inv = self.inventory.take(step, list(agent._tracker.optimizers))
+            inv = self.inventory.take(step, agent.optimizers())
         except Exception as exc:
             self.inventory.every = 0
             agent.event("collector_disabled", f"inventory: {type(exc).__name__}: {exc}")
             return
         self.inventory.schedule(step, inv.duration_s, step_s)
         proc = agent.proc_id
-        agent._writer.insert("inventories", {
+        agent.insert("inventories", {
             "proc": proc, "step": step, "tensors": inv.tensors, "bytes": inv.bytes,
             "graph_bytes": inv.graph_bytes, "duration_s": inv.duration_s,
             "truncated": int(inv.truncated)})
         for (cat, dtype, shape, device, rg, fn), g in inv.groups.items():
-            agent._writer.insert("inventory_groups", {
+            agent.insert("inventory_groups", {
                 "proc": proc, "step": step, "category": cat, "dtype": dtype,
                 "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
                 "count": g.count, "bytes": g.bytes, "graph_bytes": g.graph_bytes})
@@ -73,7 +73,7 @@ class LeakCollector:
     def _holder_row(self, step: int, sig: tuple[Any, ...], held_by: str | None = None,
                     site: str | None = None, module: str | None = None) -> None:
         cat, dtype, shape, device, rg, fn = sig
-        self._agent._writer.insert("leak_holders", {
+        self._agent.insert("leak_holders", {
             "proc": self._agent.proc_id, "step": step, "category": cat, "dtype": dtype,
             "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
             "held_by": held_by, "site": site, "module": module})

@@ -30,7 +30,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memscope.agent.runtime import Agent
+    from memscope.agent.host import CollectorHost
 
 _CPU_REQUEST = re.compile(r"you tried to allocate (\d+) bytes")
 _CUDA_REQUEST = re.compile(r"Tried to allocate ([\d.]+) ?([KMGTP]?i?B)", re.IGNORECASE)
@@ -137,7 +137,7 @@ def _names(modules: list[Any], prefix: str) -> list[str | None]:
 class OomRecorder:
     """Owned by the :class:`Agent`; every method swallows its own failures."""
 
-    def __init__(self, agent: "Agent") -> None:
+    def __init__(self, agent: "CollectorHost") -> None:
         self._agent = weakref.ref(agent)
         self._lock = threading.Lock()
         # Exceptions cannot be weakly referenced (see seen()); bounded fallback keys
@@ -255,11 +255,10 @@ class OomRecorder:
         except Exception:
             pass
 
-    def _record(self, agent: "Agent", exc: BaseException, tb: Any, where: str, phase: str | None) -> None:
-        tracker = agent._tracker
-        step, step_start = tracker.step, tracker.step_start
+    def _record(self, agent: "CollectorHost", exc: BaseException, tb: Any, where: str, phase: str | None) -> None:
+        step, step_start, tracker_phase = agent.current_step, agent.step_start, agent.phase
         mods = module_stack(tb)
-        prefix = agent._layers.root_prefix(mods[0]) if mods else ""
+        prefix = agent.module_prefix(mods[0]) if mods else ""
         names = _names(mods, prefix)
         types = [type(m).__name__ for m in mods]
         del mods
@@ -267,11 +266,11 @@ class OomRecorder:
             # the traceback first: tracker.phase stays "optimizer" after a step() that raised
             if _in_optimizer(tb):
                 phase = "optimizer"
-            elif tracker.phase == "backward":
+            elif tracker_phase == "backward":
                 phase = "backward"  # a forward recomputed inside backward is still backward
             elif names:
                 phase = "forward"
-            elif tracker.phase == "optimizer":
+            elif tracker_phase == "optimizer":
                 phase = "optimizer"
             else:
                 phase = "other"
@@ -293,7 +292,7 @@ class OomRecorder:
         try:
             import psutil
 
-            data["rss"] = agent._process.memory_info().rss
+            data["rss"] = agent.rss()
             data["host_total_bytes"] = psutil.virtual_memory().total
         except Exception:
             pass
@@ -305,7 +304,7 @@ class OomRecorder:
         agent.event("oom", f"{type(exc).__name__}: {message}", data)
         self.pending_failed = {"step": step, "start": step_start}
 
-    def record_observed_leftovers(self, agent: "Agent") -> None:
+    def record_observed_leftovers(self, agent: "CollectorHost") -> None:
         """CUDA OOMs the observer saw but no exception capture did (caught inside a forward of
         a module no root hook covers): recorded from the observer's reading alone."""
         while self._observed:
@@ -313,8 +312,8 @@ class OomRecorder:
                 _tid, obs = self._observed.popitem()
             except KeyError:
                 return
-            data = {"step": agent._tracker.step, "phase": agent._tracker.phase
-                    if agent._tracker.phase in ("backward", "optimizer") else "other",
+            data = {"step": agent.current_step, "phase": agent.phase
+                    if agent.phase in ("backward", "optimizer") else "other",
                     "where": "cuda_observer", "module": None, "module_stack": [],
                     "message": f"CUDA out of memory on device {obs['device']}"
                                f" (requested {obs['requested_bytes']} bytes)",

@@ -189,9 +189,31 @@ class Agent:
         if self.running:
             self._tracker.manual_step()
 
+    # -- the collectors' interface (memscope.agent.host.CollectorHost) -------------------------
+
     @property
     def current_step(self) -> int:
         return self._tracker.step
+
+    @property
+    def step_start(self) -> float:
+        return self._tracker.step_start
+
+    @property
+    def phase(self) -> str:
+        return self._tracker.phase
+
+    def insert(self, table: str, row: dict[str, Any]) -> bool:
+        return self._writer.insert(table, row)
+
+    def optimizers(self) -> list[Any]:
+        return list(self._tracker.optimizers)
+
+    def rss(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def module_prefix(self, module: Any) -> str:
+        return self._layers.root_prefix(module)
 
     # -- sampling ------------------------------------------------------------------------------
 

@@ -9,38 +9,13 @@ that sample (up to 1 / sample_hz seconds of the script's start, often the whole 
 the cap. An allocation above the cap raises the allocator's ordinary ``OutOfMemoryError``, which
 the OOM recorder captures like any other.
 
-:func:`parse_size` is imported by the CLI, so this module imports torch only inside functions.
+Sizes are parsed by :func:`memscope.units.parse_size` (the CLI's, without torch).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
-    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes of ``24GiB``, ``24GB`` (decimal), ``16G`` (a bare letter is binary, as in
-    ``nvidia-smi`` and ``ls -h``), ``8000MiB`` or a plain byte count. ValueError if not a size
-    above zero."""
-    m = _SIZE.match(text or "")
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 24GiB, 24GB, 16G, 8000MiB)")
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be above zero, not {text!r}")
-    return value
-
 
 def install(agent: Any, size: int) -> None:
     """Arrange the cap (see the module doc). Never raises into the training."""

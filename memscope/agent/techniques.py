@@ -34,17 +34,20 @@ import functools
 import math
 import threading
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.nn.modules import module as _nn_module
+
+if TYPE_CHECKING:
+    from memscope.agent.host import CollectorHost
 
 
 class Controller:
     """What the agent calls for these options: ``install`` at start, ``step_closed`` at each
     step boundary (after the step's rows are queued)."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: "CollectorHost") -> None:
         self.agent = agent
         self.peak = TensorPeak() if agent.options.tensor_peak else None
         self.peak_failed = False
@@ -189,7 +192,7 @@ class TensorPeak:
         return callback
 
 
-def install(agent: Any) -> None:
+def install(agent: "CollectorHost") -> None:
     """Apply ``agent.options.try_techniques`` and ``simulate_gpu``. Called once at agent start."""
     opts = agent.options
     if opts.simulate_gpu:
@@ -204,7 +207,7 @@ def install(agent: Any) -> None:
         _RootWatcher(agent, model_level).install()
 
 
-def end_at_max_steps(agent: Any, done: int) -> None:
+def end_at_max_steps(agent: "CollectorHost", done: int) -> None:
     """At the boundary that completed step ``done - 1``: record why, flush, end the process.
 
     ``SystemExit(0)`` raised from the step hook unwinds the user's loop like a ``sys.exit(0)``
@@ -222,7 +225,7 @@ def end_at_max_steps(agent: Any, done: int) -> None:
 # -- lighter_optimizer -----------------------------------------------------------------------------
 
 
-def _swap_adam(agent: Any) -> None:
+def _swap_adam(agent: "CollectorHost") -> None:
     optim = torch.optim
 
     def make(name: str) -> type:

@@ -18,10 +18,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from memscope.constants import WARMUP_STEPS
+
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
 
-WARMUP_STEPS = 2
 MIN_INCREMENTS = 3
 MAX_RATE_RATIO = 4.0
 SIG_COLUMNS = ("category", "dtype", "shape", "device", "requires_grad", "grad_fn")

@@ -8,13 +8,13 @@ import sys
 from typing import Sequence
 
 from memscope.agent.config import TECHNIQUES, AgentOptions
-from memscope.agent.simulate import parse_size
+from memscope.units import parse_size
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.report.text import render_headless
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, default_db_path, finish_run, prepare_path
-from memscope.supervisor import LaunchError, child_environment, record_killed, resolve, run_child
+from memscope.runners.supervisor import LaunchError, child_environment, record_killed, resolve, run_child
 
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"

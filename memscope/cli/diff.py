@@ -8,7 +8,7 @@ from typing import Callable
 
 from memscope.analysis.diff import Delta, RunDiff, diff_runs, to_json
 from memscope.analysis.summary import summarize
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
 HELP = "compare two runs: peak, breakdown, per-layer activations, step time, leaks"

@@ -1,2 +1,3 @@
-class CliError(Exception):
-    """Bad input: printed as one line on stderr, exit status 2."""
+from memscope.errors import UserError as CliError
+
+__all__ = ["CliError"]

@@ -1,5 +1,5 @@
 """``memscope estimate``: training memory from numbers (``--params 7e9 --optimizer adamw ...``),
-or from a script (``memscope estimate train.py ARGS``, by memscope.analysis.script_estimate)."""
+or from a script (``memscope estimate train.py ARGS``, by memscope.runners.script_estimate)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.script:
-        from memscope.analysis import script_estimate  # runs the script: only when asked
+        from memscope.runners import script_estimate  # runs the script: only when asked
 
         return int(script_estimate.run(args))
     inputs = Inputs(params=args.params, optimizer=args.optimizer, precision=args.precision,

@@ -10,7 +10,7 @@ from typing import Any
 from memscope.analysis.leaks import GroupDiff, Leak, diff, fix_how, inventory_steps, leaks_of
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
 HELP = "tensor groups that grow between step inventories, and the leaks among them"

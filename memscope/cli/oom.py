@@ -7,7 +7,7 @@ import json
 
 from memscope.analysis.oom import ABSURD_REQUEST, OomReport, advice, post_mortem
 from memscope.analysis.suggestions import suggest
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
 HELP = "explain an out-of-memory failure (or a kill) recorded in a run file"

@@ -15,7 +15,8 @@ from memscope.analysis.suggestions import checkpoint_plan_for, suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json
 from memscope.cli.errors import CliError
-from memscope.report.format import human_bytes
+from memscope.runners.script_estimate import run_recorded
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
 HELP = "run a script with and without a memory-saving technique; measured vs estimated saving"
@@ -66,9 +67,6 @@ def _suggestions(reader: RunReader) -> tuple[list[Any], str | None, dict[str, An
 
 
 def run(args: argparse.Namespace) -> int:
-    # here, not at the top: script_estimate imports memscope.cli.errors, whose package imports us
-    from memscope.analysis.script_estimate import run_recorded
-
     techniques = _techniques(args.techniques)
     if args.steps < 2:
         raise CliError("whatif: --steps must be at least 2 (step 0 warms up; from step 1 on is profiled)")

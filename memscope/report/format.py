@@ -1,19 +1,8 @@
-"""Small formatting helpers shared by the text views."""
+"""Small formatting helpers shared by the text views (sizes: memscope.units)."""
 
 from __future__ import annotations
 
 import time
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{value:.2f} PiB"
 
 
 def iso(ts: float | None) -> str | None:

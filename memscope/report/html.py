@@ -20,7 +20,8 @@ from memscope.analysis.oom import OomReport, advice
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, memory_timeline
-from memscope.report.format import clock, human_bytes
+from memscope.report.format import clock
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
 # Chart geometry: fixed, so the page lays out the same everywhere (and a test can find it)

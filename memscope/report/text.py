@@ -8,7 +8,8 @@ from memscope.analysis.hotspots import Hotspot
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
-from memscope.report.format import clock, human_bytes
+from memscope.report.format import clock
+from memscope.units import human_bytes
 
 _METRIC = {"rss": "host RSS", "cuda_allocated": "CUDA allocated"}
 

@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Sparkline, Static
 
 from memscope.analysis.timeline import memory_timeline
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run
 from memscope_tui.app import HelpScreen, MemscopeApp, StepRuler

@@ -19,7 +19,7 @@ from memscope.analysis.ranks import imbalance, rank_summaries
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.views import breakdown_for
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 from memscope_tui.app import MemscopeApp
 

@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from memscope.analysis.views import BREAKDOWN_PARTS
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View
 from memscope_tui.widgets import SelectionChanged, bar, fill_table, right

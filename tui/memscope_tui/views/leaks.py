@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from memscope.analysis.leaks import GroupDiff, Leak
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
 from memscope_tui.widgets import SelectionChanged, fill_table, right

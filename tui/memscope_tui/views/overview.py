@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from memscope.analysis.summary import RunSummary
 from memscope.analysis.timeline import METRIC_LABELS, Series, StepRow
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope_tui.data import BUCKETS, Snapshot
 from memscope_tui.views import View, matches
 from memscope_tui.widgets import StepRuler, fill_table, right

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
 from memscope_tui.widgets import fill_table, right

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from memscope.report.format import human_bytes
+from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
 

@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from memscope.agent.config import AgentOptions
-from memscope.cli.errors import CliError
-from memscope.report.format import human_bytes
+from memscope.errors import UserError as CliError
+from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, finish_run, prepare_path
-from memscope.supervisor import child_environment, record_killed
+from memscope.runners.supervisor import child_environment, record_killed
 
 CUDA_CONTEXT_ALLOWANCE = 512 << 20
 COMPONENTS = ("parameters", "gradients", "optimizer_state", "activations")
