@@ -133,6 +133,9 @@ def advice(r: OomReport) -> list[str]:
     frag = fragmentation(d)
     if frag is not None and frag["blocked"]:
         out.append(_fragmentation_tip(frag))
+    short = _short_of_memory(d)
+    if short:
+        out.append(short)
     outside = _int(d.get("outside_pytorch_bytes"))
     total = _int(d.get("nvml_total_bytes")) or _int(d.get("device_total_bytes"))
     if outside and total and outside >= OUTSIDE_SHARE * total:
@@ -169,6 +172,23 @@ def advice(r: OomReport) -> list[str]:
     return ["a smaller batch, mixed precision, or checkpointing; see memscope report for the peak"]
 
 
+def _short_of_memory(d: dict[str, Any]) -> str | None:
+    """CUDA: the request did not fit even into the driver's free memory plus the whole free cache:
+    not fragmentation, too much allocated; name the sites that hold the most, when known."""
+    requested, free = _int(d.get("requested_bytes")), _int(d.get("device_free_bytes"))
+    cached, allocated = _int(d.get("cached_free_bytes")), _int(d.get("allocated_bytes"))
+    if requested is None or free is None or cached is None or requested <= free + cached:
+        return None
+    text = (f"the request ({human_bytes(requested)}) is more than the device's free "
+            f"{human_bytes(free)} and the cache's free {human_bytes(cached)} together: what is "
+            f"allocated ({human_bytes(allocated)}) must shrink")
+    sites = [e for e in d.get("allocated_by_site") or [] if isinstance(e, dict) and e.get("site")]
+    if sites:
+        top = ", ".join(f"{e['site']} {human_bytes(_int(e.get('bytes')))}" for e in sites[:2])
+        text += f"; the most is held by allocations from {top}"
+    return text
+
+
 def _fragmentation_tip(f: dict[str, Any]) -> str:
     if f["blocked"]:
         head = (f"fragmentation: {human_bytes(f['cached_free_bytes'])} was free in the cache but "
@@ -185,8 +205,8 @@ def _fragmentation_tip(f: dict[str, Any]) -> str:
 
 def _activation_tips(amount: str, share: str, r: OomReport) -> list[str]:
     top = r.activations_by_module[:1]
-    where = f" ({top[0]['module'] or '(model)'} saved the most)" if top else ""
-    return [f"activations {amount} ({share}){where}: activation checkpointing on the largest "
+    where = f"; module {top[0]['module'] or '(model)'} saved the most" if top else ""
+    return [f"activations {amount} ({share}{where}): activation checkpointing on the largest "
             "blocks, or a smaller micro-batch with gradient accumulation",
             "mixed precision (bf16 autocast) halves what matmuls save"]
 
@@ -224,6 +244,7 @@ _WORDED = {
     "largest_free_block_bytes", "alloc_retries", "ooms", "segments", "expandable_segments", "alloc_conf",
     "nvml_used_bytes", "nvml_total_bytes", "nvml_process_bytes", "outside_pytorch_bytes",
     "outside_this_process_bytes", "other_processes_bytes", "site", "stream", "time_us", "cuda_error",
+    "allocated_by_site",
     "last_rss", "last_allocated", "last_sample_t", "likely_oom_killer", "signal", "signal_name",
 }
 
@@ -259,8 +280,13 @@ def facts(r: OomReport) -> list[Fact]:
     stack = [n if n else "(model)" for n in (d.get("module_stack") or []) if n is not None]
     if len(stack) > 1:
         out.append(("", f"module path: {' > '.join(stack)}"))
-    if d.get("site"):
-        out.append(("", f"allocation site: {d['site']}"))
+    site = [f"allocation site: {d['site']}"] if d.get("site") else []
+    if d.get("stream") is not None:
+        site.append(f"stream {d['stream']}")
+    if d.get("time_us") is not None:
+        site.append(f"at {d['time_us']} µs on the trace's clock")
+    if site:
+        out.append(("", " · ".join(site)))
     seen = {"backward": "the backward wrapper", "forward_hook": "a forward hook, as it unwound",
             "optimizer": "the optimizer-step guard", "unhandled": "the uncaught-exception hook",
             "cuda_observer": "the CUDA allocator's observer only", "snapshot": "a memory snapshot"}
@@ -329,9 +355,9 @@ def _allocator(d: dict[str, Any]) -> list[Fact]:
     if d.get("ooms") is not None:
         counts.append(f"{d['ooms']} OOM(s) counted by the allocator")
     if "expandable_segments" in d or d.get("alloc_conf"):
-        conf = d.get("alloc_conf") or "(default)"
-        counts.append(f"expandable_segments {'on' if d.get('expandable_segments') else 'off'}"
-                      f" (PYTORCH_CUDA_ALLOC_CONF {conf})")
+        conf = f"PYTORCH_CUDA_ALLOC_CONF={d['alloc_conf']}" if d.get("alloc_conf") else \
+            "PYTORCH_CUDA_ALLOC_CONF unset"
+        counts.append(f"expandable_segments {'on' if d.get('expandable_segments') else 'off'} ({conf})")
     if parts:
         lines.append(("allocator", " · ".join(parts)))
     if counts:
@@ -378,6 +404,8 @@ def _breakdown(r: OomReport) -> list[Fact]:
         else:
             at = f"profiled step {r.breakdown_step}" if r.breakdown_step is not None else "an earlier step"
             lines.append(("breakdown", f"at {at}, before the failure (not measured at it): {text}"))
+    elif d.get("where") == "snapshot":
+        lines.append(("breakdown", "by category: not in a memory snapshot (it records allocations by site)"))
     else:
         lines.append(("breakdown", "not measured (no census at the failure and no profiled step)"))
     census = d.get("census")
@@ -403,7 +431,13 @@ def _breakdown(r: OomReport) -> list[Fact]:
             name = m.get("module") or "(model)"
             kind = f" ({m['type']})" if m.get("type") else ""
             lines.append(("", f"  {name.ljust(width)}  {human_bytes(_int(m.get('bytes')))}{kind}"))
-    elif r.breakdown_at_failure and "activations_by_module" in d:
+    sites = d.get("allocated_by_site")
+    if isinstance(sites, list) and sites:
+        lines.append(("by site", "allocated in the snapshot, by the first frame outside torch"))
+        for e in sites:
+            if isinstance(e, dict):
+                lines.append(("", f"  {human_bytes(_int(e.get('bytes'))):>11}  {e.get('site') or '(no frames recorded)'}"))
+    if r.breakdown_at_failure and not mods and "activations_by_module" in d:
         lines.append(("by module", "not known: the failing step's module calls were not logged "
                                    "(hooks unarmed: low memory, not step 0, not profiled)"))
     return lines
