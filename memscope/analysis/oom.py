@@ -95,6 +95,22 @@ def post_mortem(reader: RunReader) -> OomReport | None:
     return None
 
 
+def demand(r: OomReport) -> dict[str, int] | None:
+    """What the failing moment needed, by category: the breakdown live at the failure plus the
+    request that did not fit, counted where it belongs (in forward and backward an activation
+    or a gradient buffer of the batch, both scaling with it: ``activations``; in the optimizer
+    step ``optimizer_state``). None without an at-failure breakdown; a shape bug's absurd
+    request is not added."""
+    if r.kind != "oom" or not r.breakdown_at_failure:
+        return None
+    out = dict(r.breakdown or {})
+    req = r.requested_bytes
+    if req is not None and req <= ABSURD_REQUEST and r.phase in ("forward", "backward", "optimizer"):
+        key = "optimizer_state" if r.phase == "optimizer" else "activations"
+        out[key] = out.get(key, 0) + req
+    return out
+
+
 def fragmentation(d: dict[str, Any]) -> dict[str, Any] | None:
     """Whether the CUDA cache was fragmented at the failure, from the allocator's state:
     ``blocked`` when the cache held enough free bytes for the request but no block that large
@@ -144,12 +160,14 @@ def advice(r: OomReport) -> list[str]:
                else "the CUDA context, library workspaces (cuBLAS, cuDNN, NCCL) or other processes")
         out.append(f"{human_bytes(outside)} of the device is outside PyTorch's allocator ({who}): "
                    "free the GPU of other jobs, or budget for it")
-    bd = r.breakdown if r.breakdown_at_failure else None
+    bd = demand(r)
     if bd:
         tensors = sum(bd.values())
         biggest = max(("activations", "optimizer_state", "parameters", "gradients"), key=lambda k: bd.get(k, 0))
         if tensors and bd.get(biggest, 0) >= 0.3 * tensors:
-            share = f"{bd[biggest] / tensors:.0%} of the {human_bytes(tensors)} live at the failure"
+            asked = r.requested_bytes is not None and r.requested_bytes <= ABSURD_REQUEST
+            share = (f"{bd[biggest] / tensors:.0%} of the {human_bytes(tensors)} live at the failure"
+                     + (" with the request" if asked else ""))
             out.extend(_BY_CATEGORY[biggest](human_bytes(bd[biggest]), share, r))
     if frag is not None and not frag["blocked"] and not frag["expandable_segments"]:
         out.append(_fragmentation_tip(frag))
@@ -204,8 +222,14 @@ def _fragmentation_tip(f: dict[str, Any]) -> str:
 
 
 def _activation_tips(amount: str, share: str, r: OomReport) -> list[str]:
-    top = r.activations_by_module[:1]
-    where = f"; module {top[0]['module'] or '(model)'} saved the most" if top else ""
+    where = ""
+    live = (r.breakdown or {}).get("activations", 0)
+    top = [m for m in r.activations_by_module[:1]
+           if m.get("type") is not None and live and (_int(m.get("bytes")) or 0) >= 0.1 * live]
+    if top:
+        where += f"; module {top[0]['module'] or '(model)'} saved the most"
+    if r.phase == "forward" and r.module is not None:
+        where += f"; the request came from module {r.module or '(model)'}"
     return [f"activations {amount} ({share}{where}): activation checkpointing on the largest "
             "blocks, or a smaller micro-batch with gradient accumulation",
             "mixed precision (bf16 autocast) halves what matmuls save"]
