@@ -427,6 +427,19 @@ class OomRecorder:
             agent.event("oom", data["message"], data)
 
 
+def _segments(torch: Any, index: int) -> list[dict[str, Any]] | None:
+    """The allocator's segments on device ``index`` (for the largest free block), without the
+    history's trace entries where this torch can leave them out (they can be many)."""
+    try:
+        try:
+            segments = torch.cuda.memory_snapshot(include_traces=False)
+        except TypeError:  # a torch before include_traces
+            segments = torch.cuda.memory_snapshot()
+        return [s for s in segments if s.get("device") == index]
+    except Exception:
+        return None
+
+
 def _cuda_state(agent: "CollectorHost", message: str, observed: dict[str, Any] | None) -> dict[str, Any]:
     """The allocator at the failure: counters, the largest free cached block, the driver's free
     and total, NVML's view of the device (memory outside PyTorch). Only numbers."""
@@ -445,10 +458,7 @@ def _cuda_state(agent: "CollectorHost", message: str, observed: dict[str, Any] |
             if index is None:
                 index = torch.cuda.current_device()
             stats = torch.cuda.memory_stats(index)
-            try:
-                segments = [s for s in torch.cuda.memory_snapshot() if s.get("device") == index]
-            except Exception:
-                segments = None
+            segments = _segments(torch, index)
             state = cuda.allocator_state(stats, segments)
             del segments
             out.update(state)

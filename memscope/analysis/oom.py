@@ -347,7 +347,10 @@ def _memory(r: OomReport) -> list[Fact]:
         full.append(f"{100 * r.live_bytes / d['host_total_bytes']:.0f}% of the machine's "
                     f"{human_bytes(d['host_total_bytes'])}")
     if d.get("rss") is not None and device != "cpu":
-        full.append(f"host RSS {human_bytes(d['rss'])}")
+        host = f"host RSS {human_bytes(d['rss'])}"
+        if d.get("host_total_bytes"):
+            host += f" of {human_bytes(d['host_total_bytes'])}"
+        full.append(host)
     if full:
         lines.append(("", " · ".join(full)))
     return lines
