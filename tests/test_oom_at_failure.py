@@ -292,3 +292,29 @@ def test_saved_model_loads_without_memscope(tmp_path: Path, flag: list[str]) -> 
     loaded = subprocess.run([sys.executable, "-I", "-c", LOAD, str(saved)], capture_output=True, text=True,
                             env=env, cwd=tmp_path, timeout=120)
     assert loaded.returncode == 0 and "torch.Size([1, 4])" in loaded.stdout, loaded.stderr
+
+
+COMPILED = '''
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(3):
+    compiled(torch.randn(8, 16)).sum().backward(); opt.step(); opt.zero_grad()
+print("weights", round(float(model[0].weight.sum()), 6))
+'''
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_under_the_step_0_hooks(tmp_path: Path) -> None:
+    """The hooks armed for step 0 step aside at a compiled model's first call: nothing of
+    memscope's is traced (fullgraph=True would fail on a graph break), results are unchanged."""
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = attach(tmp_path / "c.db", str(script), timeout=300)
+    assert out.returncode == plain.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == plain.stdout.split("\n")[0]  # the same weights
+    assert "Dynamo does not know how to trace" not in out.stderr

@@ -238,7 +238,7 @@ class OomRecorder:
         """At a step boundary: arm the global hooks for the next step or not (see oom_hooks),
         and with ``--catch-forward-oom`` hook the root models found so far."""
         self.armed.see_roots(roots)
-        arm = profiled_next or memory_share >= ARM_SHARE or self._oom_in_step
+        arm = (profiled_next or memory_share >= ARM_SHARE or self._oom_in_step) and not self.armed.compiled
         self._oom_in_step = False
         self.armed.new_step()
         if arm:

@@ -45,9 +45,13 @@ class ArmedHooks:
         self._local = threading.local()
         self._seq: Callable[[], int] | None = None
         self._grad_enabled: Callable[[], bool] | None = None
+        self._compiling: Callable[[], bool] = _never
         self.roots: dict[int, weakref.ReferenceType[Any]] = {}  # outermost modules seen, in order
         self._lock = threading.Lock()
         self.generation = 0  # bumped at each step: a thread's log from an older step is stale
+        # A torch.compile'd model was called: global hooks present while dynamo compiles make it
+        # trace them (and recompile when they change), so they are taken away for good.
+        self.compiled = False
 
     @property
     def armed(self) -> bool:
@@ -61,6 +65,7 @@ class ArmedHooks:
 
         self._seq = torch._C._autograd._get_sequence_nr
         self._grad_enabled = torch.is_grad_enabled
+        self._compiling = _compiling_check(torch)
         self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
         self._handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
 
@@ -89,7 +94,15 @@ class ArmedHooks:
         return self._local.log  # type: ignore[no-any-return]
 
     def _pre(self, module: Any, args: Any) -> None:
+        # Inside a region torch.compile traces, do nothing: a call dynamo cannot trace would break
+        # its graph (and warn). The compiled module's own call is still seen, in eager mode.
+        if self._compiling():
+            return
         try:
+            if type(module).__name__ == "OptimizedModule":
+                self.compiled = True
+                self.disarm()  # before dynamo compiles the model's call (see __init__)
+                return
             log = self._thread_log()
             if not log.stack and self._grad_enabled is not None and self._grad_enabled():
                 self._see_root(module)
@@ -98,6 +111,8 @@ class ArmedHooks:
             pass
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         try:
             self._thread_log().leave(self._seq() if self._seq is not None else 0)
             if output is None:
@@ -150,6 +165,16 @@ class RootHook:
         except Exception:
             pass
         return None
+
+
+def _never() -> bool:
+    return False
+
+
+def _compiling_check(torch: Any) -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` (constant True while dynamo traces), where this torch has it."""
+    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return fn if callable(fn) else _never
 
 
 # -- the optimizer step ------------------------------------------------------------------------
