@@ -81,8 +81,9 @@ def capture(out: Path) -> int:
     dev = 0
     total = int(torch.cuda.get_device_properties(dev).total_memory)
     observed: list[list[int]] = []
-    torch._C._cuda_attach_out_of_memory_observer(
-        lambda device, alloc, limit, free: observed.append([int(device), int(alloc), int(limit), int(free)]))
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)  # CUDA builds only
+    if attach is not None:
+        attach(lambda device, alloc, limit, free: observed.append([int(device), int(alloc), int(limit), int(free)]))
     torch.cuda.memory._record_memory_history(max_entries=5000)
     readings: dict[str, Any] = {}
 
