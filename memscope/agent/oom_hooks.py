@@ -269,16 +269,18 @@ def host_limits() -> dict[str, int | None]:
 
 
 def host_share(limits: dict[str, int | None], rss: int | None, vms: int | None) -> float:
-    """The largest share of a limit the process reached: RSS of the machine or cgroup, virtual
-    size of the address-space rlimit."""
+    """The largest share of a limit the process reached: the step's peak RSS of the machine or
+    cgroup, the virtual size (now, or at least the peak RSS) of the address-space rlimit."""
     share = 0.0
     for key in ("host_total", "cgroup"):
         lim = limits.get(key)
         if lim and rss:
             share = max(share, rss / lim)
     lim = limits.get("address_space")
-    if lim and vms:
-        share = max(share, vms / lim)
+    if lim:
+        # the step's peak RSS bounds its peak virtual size from below (memory freed at the step's
+        # end often goes back to the system, so the virtual size read then is no peak)
+        share = max(share, max(vms or 0, rss or 0) / lim)
     return share
 
 
