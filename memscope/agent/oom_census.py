@@ -31,12 +31,12 @@ import time
 import weakref
 from typing import Any, Iterable
 
-MAX_SECONDS = 1.5  # wall time for the whole census
+MAX_SECONDS = 3.0  # wall time for the whole census (typically tens of milliseconds)
 MAX_NODES = 400_000  # autograd graph nodes walked
 MAX_CALLS = 200_000  # module calls logged per step (CallLog)
 TOP_MODULES = 15  # modules kept in ``activations_by_module``
 OUTSIDE = "(outside modules)"
-_CHECK_EVERY = 4096  # gc objects between two looks at the clock
+_CHUNK = 65536  # gc objects filtered between two looks at the clock
 _INF = float("inf")
 
 
@@ -83,15 +83,21 @@ class CallLog:
         return i
 
 
-def _tensor_types(torch: Any) -> tuple[set[type], type, type]:
-    out = {torch.Tensor}
-    todo = [torch.Tensor]
+def _subclasses(root: type) -> set[type]:
+    out = {root}
+    todo = [root]
     while todo:
         for sub in todo.pop().__subclasses__():
             if sub not in out:
                 out.add(sub)
                 todo.append(sub)
-    return out, torch.nn.Parameter, torch.optim.Optimizer
+    return out
+
+
+def _types(torch: Any) -> tuple[set[type], set[type], type]:
+    """Tensor classes, optimizer classes (looked up by ``type(o) in``: no isinstance on
+    arbitrary objects), and nn.Parameter."""
+    return _subclasses(torch.Tensor), _subclasses(torch.optim.Optimizer), torch.nn.Parameter
 
 
 _SAVED: dict[type, tuple[str, ...]] = {}
@@ -188,7 +194,7 @@ def _census(torch: Any, device: str, optimizers: list[Any], roots: list[tuple[An
     index = int(device.split(":")[1]) if cuda and ":" in device else (0 if cuda else -1)
     c = _Counter(index, cuda, torch)
     truncated = False
-    ttypes, param_type, optim_type = _tensor_types(torch)
+    ttypes, otypes, param_type = _types(torch)
 
     # 1. model states, straight from the optimizers and the root models (a .grad need not have
     #    a Python object of its own; optimizer state tensors are found through the optimizer)
@@ -202,25 +208,22 @@ def _census(torch: Any, device: str, optimizers: list[Any], roots: list[tuple[An
         except Exception:
             pass
     live: list[Any] = []  # tensors found by gc: not model states
-    is_optimizer: dict[type, bool] = {}
+    wanted = ttypes | otypes
     objects = gc.get_objects()
     try:
-        for i, o in enumerate(objects):
-            if not i % _CHECK_EVERY and time.perf_counter() > deadline:
+        for start in range(0, len(objects), _CHUNK):
+            if time.perf_counter() > deadline:
                 truncated = True
                 break
-            cls = type(o)
-            if cls in ttypes:
-                if cls is param_type or issubclass(cls, param_type):
+            for o in [o for o in objects[start:start + _CHUNK] if type(o) in wanted]:
+                cls = type(o)
+                if cls in otypes:
+                    if all(o is not x for x in optimizers):
+                        optimizers.append(o)  # built, never stepped (yet): its state still counts
+                elif cls is param_type or issubclass(cls, param_type):
                     params.append(o)
                 else:
                     live.append(o)
-                continue
-            opt = is_optimizer.get(cls)
-            if opt is None:
-                opt = is_optimizer[cls] = issubclass(cls, optim_type)
-            if opt and all(o is not x for x in optimizers):
-                optimizers.append(o)  # built, never stepped (yet): its state still counts
         o = None
     finally:
         del objects
