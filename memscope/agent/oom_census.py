@@ -161,6 +161,12 @@ class _Counter:
         except Exception:  # sparse, fake, wrapper subclasses, freed storages
             return None
 
+    def claim(self, ptr: int, nbytes: int, category: str) -> None:
+        if ptr not in self.seen:
+            self.seen.add(ptr)
+            self.bytes[category] += nbytes
+            self.tensors += 1
+
     def add(self, category: str, t: Any) -> int:
         """Count ``t`` in ``category`` unless its storage is counted already; its bytes if new."""
         if not isinstance(t, self.tensor_type):
@@ -296,10 +302,14 @@ def _charge(by_call: dict[int, int], log: CallLog, node: Any, nbytes: int) -> No
 
 def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog | None,
           deadline: float) -> tuple[int, bool]:
-    """Saved tensors reachable from ``starts``, counted as activations (bounded)."""
+    """Saved tensors reachable from ``starts``, counted as activations (bounded). A storage
+    several nodes saved is charged once, to its first saver (the lowest sequence number), as the
+    layer profiler charges it: a layer's output saved by the next layer and by itself is the
+    first one's."""
     visited: set[int] = set()
     keep: list[Any] = []  # node wrappers held until the end: their ids stay unique
     todo = list(starts)
+    saved: dict[int, list[Any]] = {}  # storage address -> [bytes, first saver's sequence number]
     nodes = 0
     truncated = False
     try:
@@ -313,17 +323,24 @@ def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog 
             visited.add(id(node))
             keep.append(node)
             nodes += 1
-            got = 0
+            seq = None
             for name in _saved_names(node):
                 try:
                     values = _stored(getattr(node, name))
                 except Exception:
                     continue
                 for v in values:
-                    got += c.add("activations", v)
+                    k = c.key(v) if isinstance(v, c.tensor_type) else None
+                    if k is None or k[0] in c.seen:
+                        continue
+                    if seq is None:
+                        seq = _seq(node)
+                    entry = saved.get(k[0])
+                    if entry is None:
+                        saved[k[0]] = [k[1], seq]
+                    elif seq is not None and (entry[1] is None or seq < entry[1]):
+                        entry[1] = seq
                 del values
-            if got and log is not None:
-                _charge(by_call, log, node, got)
             try:
                 for nxt, _ in node.next_functions:
                     if nxt is not None and id(nxt) not in visited:
@@ -334,6 +351,11 @@ def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog 
     finally:
         todo.clear()
         keep.clear()
+    for ptr, (nbytes, seq) in saved.items():
+        c.claim(ptr, nbytes, "activations")
+        if log is not None:
+            i = log.call_of(seq) if seq is not None else -1
+            by_call[i] = by_call.get(i, 0) + nbytes
     return nodes, truncated
 
 

@@ -457,7 +457,7 @@ def _breakdown(r: OomReport) -> list[Fact]:
         for m in mods:
             name = m.get("module") or "(model)"
             kind = f" ({m['type']})" if m.get("type") else ""
-            lines.append(("", f"  {name.ljust(width)}  {human_bytes(_int(m.get('bytes')))}{kind}"))
+            lines.append(("", f"  {name.ljust(width)}  {human_bytes(_int(m.get('bytes'))):>10}{kind}"))
     sites = d.get("allocated_by_site")
     if isinstance(sites, list) and sites:
         lines.append(("by site", "allocated in the snapshot, by the first frame outside torch"))
