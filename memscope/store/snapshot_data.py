@@ -35,7 +35,7 @@ MAX_VISITS = 100_000_000  # container references walked: past this the file is r
 TOP_SEGMENTS = 100  # the largest segments, stored one by one
 TOP_SITES = 2000  # allocation sites stored per device (the rest summed into one row)
 MAX_OOMS = 1000  # oom trace entries stored as events (the rest counted)
-_SIZE_FIELDS = ("total_size", "allocated_size", "active_size", "requested_size")
+_SEGMENT_INTS = ("device", "total_size", "allocated_size", "active_size", "requested_size", "address", "stream")
 
 
 class SnapshotError(RunFileError):
@@ -194,6 +194,9 @@ class _Walker:
             raise SnapshotError(f"not imported: more than {MAX_VISITS:,} references to walk "
                                 "(a pickle built to expand, not a snapshot)")
 
+    # The walk's hot paths check the common case inline (an int in range, a str, a dict) and
+    # build the place's name for a message only when a check fails.
+
     def site(self, frames: Any, where: str) -> str | None:
         """The first frame outside torch's own files, as file:line (name)."""
         if frames is None:
@@ -201,17 +204,20 @@ class _Walker:
         key = id(frames)
         if key in self.sites:
             return self.sites[key]
-        if not isinstance(frames, (list, tuple)):
+        if type(frames) is not list and type(frames) is not tuple:
             raise _bad(where, "a list of frames", frames)
         found = None
+        self.visit(len(frames))
         for i, fr in enumerate(frames):
-            self.visit()
-            fr = _dict(fr, f"{where}[{i}]")
-            fn = _text(fr, "filename", f"{where}[{i}]") or ""
-            line = fr.get("line")
-            if line is not None and (isinstance(line, bool) or not isinstance(line, int)):
+            if type(fr) is not dict:
+                raise _bad(f"{where}[{i}]", "a dict", fr)
+            fn, line, name = fr.get("filename"), fr.get("line"), fr.get("name")
+            if fn is not None and type(fn) is not str:
+                raise _bad(f"{where}[{i}]['filename']", "a string", fn)
+            if line is not None and type(line) is not int:
                 raise _bad(f"{where}[{i}]['line']", "a line number", line)
-            name = _text(fr, "name", f"{where}[{i}]")
+            if name is not None and type(name) is not str:
+                raise _bad(f"{where}[{i}]['name']", "a string", name)
             if fn and "/torch/" not in fn and not fn.startswith("??"):
                 found = f"{fn}:{line} ({name})"
                 break
@@ -225,25 +231,31 @@ class _Walker:
         got = self.blocks.get(key)
         if got is not None:
             return got
-        n = alloc = inactive = largest = 0
+        alloc = inactive = largest = 0
         by_site: dict[str | None, int] = {}
         first_frames = None
+        self.visit(len(blocks))
         for i, b in enumerate(blocks):
-            self.visit()
-            b = _dict(b, f"{where}[{i}]")
-            size = _size(b, "size", f"{where}[{i}]", required=True) or 0
-            state = _text(b, "state", f"{where}[{i}]")
-            if first_frames is None and b.get("frames"):
-                first_frames = b.get("frames")
-            n += 1
+            if type(b) is not dict:
+                raise _bad(f"{where}[{i}]", "a dict", b)
+            size = b.get("size")
+            if type(size) is not int or not 0 <= size < MAX_BYTES:
+                size = _size(b, "size", f"{where}[{i}]", required=True) or 0
+            state = b.get("state")
+            if state is not None and type(state) is not str:
+                raise _bad(f"{where}[{i}]['state']", "a string", state)
+            frames = b.get("frames")
+            if first_frames is None and frames:
+                first_frames = frames
             if state == "active_allocated":
                 alloc += size
-                site = self.site(b.get("frames"), f"{where}[{i}]['frames']")
+                site = self.site(frames, f"{where}[{i}]['frames']") if frames else None
                 by_site[site] = by_site.get(site, 0) + size
             elif state == "inactive":
                 inactive += size
-                largest = max(largest, size)
-        got = (n, alloc, inactive, largest, by_site, first_frames)
+                if size > largest:
+                    largest = size
+        got = (len(blocks), alloc, inactive, largest, by_site, first_frames)
         self.blocks[key] = got
         return got
 
@@ -252,25 +264,33 @@ class _Walker:
         got = self.segs.get(key)
         if got is not None:
             return got
-        s = _dict(s, where)
-        device = _size(s, "device", where)
-        if device is not None and device >= MAX_DEVICES:
+        if type(s) is not dict:
+            raise _bad(where, "a dict", s)
+        sizes: dict[str, int | None] = {}
+        for k in _SEGMENT_INTS:
+            v = s.get(k)
+            sizes[k] = v if type(v) is int and 0 <= v < MAX_BYTES else _size(s, k, where, required=k == "total_size")
+        device = sizes["device"] or 0
+        if device >= MAX_DEVICES:
             raise _bad(f"{where}['device']", "a device index", device)
-        total = _size(s, "total_size", where, required=True) or 0
-        sizes = {k: _size(s, k, where) for k in _SIZE_FIELDS[1:]}
-        address = _size(s, "address", where)
-        stream = _size(s, "stream", where)
-        kind = _text(s, "segment_type", where)
-        blocks = _list(s, "blocks", where)
+        total = sizes["total_size"] or 0
+        kind = s.get("segment_type")
+        if kind is not None and type(kind) is not str:
+            raise _bad(f"{where}['segment_type']", "a string", kind)
+        blocks = s.get("blocks")
+        if blocks is None:
+            blocks = []
+        elif type(blocks) is not list and type(blocks) is not tuple:
+            raise _bad(f"{where}['blocks']", "a list", blocks)
         n, alloc_blocks, inactive, largest, by_site, block_frames = self.block_list(blocks, f"{where}['blocks']")
         allocated = sizes["allocated_size"] if sizes["allocated_size"] is not None else alloc_blocks
         frames = s.get("frames") or block_frames
         site = self.site(frames, f"{where}['frames']")
         expandable = s.get("is_expandable") is True
-        row = {"device": device or 0, "address": address, "total_size": total, "allocated_size": allocated,
-               "active_size": sizes["active_size"], "stream": stream, "segment_type": kind,
+        row = {"device": device, "address": sizes["address"], "total_size": total, "allocated_size": allocated,
+               "active_size": sizes["active_size"], "stream": sizes["stream"], "segment_type": kind,
                "blocks": n, "site": site, "expandable": expandable}
-        got = _Seg(device or 0, total, allocated, sizes["active_size"], n, inactive, largest,
+        got = _Seg(device, total, allocated, sizes["active_size"], n, inactive, largest,
                    split=bool(inactive) and inactive < total, expandable=expandable, site=site,
                    kind=kind, row=row, active_by_site=by_site)
         self.segs[key] = got
