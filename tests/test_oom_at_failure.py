@@ -29,7 +29,127 @@ from conftest import memscope, report_json
 
 # A training loop that fails at step FAIL_STEP in MODE (forward: module ``boom``; backward: a
 # custom Function's backward; optimizer: its step) and writes its own count of what is live.
-CENSUS = '"""Fails with a real allocator error inside a known module in forward, backward or the optimizer\nstep, and writes what it counted live itself (an independent count) to a JSON file."""\nimport json, sys, weakref\nimport torch, torch.nn as nn, torch.nn.functional as F\n\nMODE, OUT, FAIL_STEP = sys.argv[1], sys.argv[2], int(sys.argv[3])\nCATCH = "--catch" in sys.argv\ntorch.manual_seed(0)\nD, B = 256, 2048  # one activation: 2 MiB\nSAVED = []  # (weak reference to what autograd stores, storage address, bytes): pack-hook log\nHELD = []  # the same for tensors the script itself knows are live\nstep = 0\n\n\ndef pack(t):\n    a = t.detach()  # autograd keeps this alias: the weak reference dies when it frees it\n    s = a.untyped_storage()\n    SAVED.append((weakref.ref(a), s.data_ptr(), s.nbytes()))\n    return a\n\n\ndef hold(t):\n    s = t.untyped_storage()\n    HELD.append((weakref.ref(t), s.data_ptr(), s.nbytes(), t.grad_fn is not None))\n\n\nclass Boom(nn.Module):\n    def forward(self, x):\n        hold(x)  # its input: live in the caller\'s frame, saved by nothing\n        if MODE == "forward" and step == FAIL_STEP:\n            torch.empty(2 ** 50)  # 4 PiB of float32: a real CPU allocator failure\n        return x\n\n\nclass Greedy(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n        return x * 2\n\n    @staticmethod\n    def backward(ctx, g):\n        hold(g)  # the gradient arriving: live in this frame\n        if MODE == "backward" and step == FAIL_STEP:\n            torch.empty(2 ** 50)\n        return g * 2\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.body = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, D), nn.GELU())\n        self.boom = Boom()\n        self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, D))\n\n    def forward(self, x):\n        h = Greedy.apply(self.body(x))\n        return self.head(self.boom(h))\n\n\nclass GreedyAdam(torch.optim.Adam):\n    def step(self, closure=None):\n        if MODE == "optimizer" and step == FAIL_STEP:\n            torch.empty(2 ** 50)\n        return super().step(closure)\n\n\nmodel = Model()\nopt = GreedyAdam(model.parameters(), lr=1e-3)\n\n\ndef independent():\n    """Live tensor bytes by category, counted by unique storage from what the script knows."""\n    seen = {}\n    def add(cat, t):\n        if t is not None:\n            s = t.untyped_storage()\n            seen.setdefault(s.data_ptr(), (cat, s.nbytes()))\n    for p in model.parameters():\n        add("parameters", p)\n    for p in model.parameters():\n        add("gradients", p.grad)\n    for st in opt.state.values():\n        for v in st.values():\n            if torch.is_tensor(v):\n                add("optimizer_state", v)\n    for ref, ptr, n in SAVED:\n        if ref() is not None:\n            seen.setdefault(ptr, ("activations", n))\n    for ref, ptr, n, has_fn in HELD:\n        if ref() is not None:\n            seen.setdefault(ptr, ("activations" if has_fn else "other", n))\n    out = {k: 0 for k in ("parameters", "gradients", "optimizer_state", "activations", "other")}\n    for cat, n in seen.values():\n        out[cat] += n\n    return out\n\n\nloss = None\nfor step in range(FAIL_STEP + 2):\n    SAVED.clear(); HELD.clear()\n    if loss is not None:\n        hold(loss)  # the last step\'s loss, still bound: its storage can be larger than a scalar\n    x, y = torch.randn(B, D), torch.randn(B, D)\n    hold(x); hold(y)\n    try:\n        with torch.autograd.graph.saved_tensors_hooks(pack, lambda a: a):\n            loss = F.mse_loss(model(x), y)\n        hold(loss)\n        loss.backward()\n        opt.step()\n        opt.zero_grad()\n    except RuntimeError as exc:\n        if "can\'t allocate memory" not in str(exc):\n            raise\n        with open(OUT, "w") as f:\n            json.dump(independent(), f)\n        if not CATCH:\n            raise\n        opt.zero_grad()\nprint("done")\n'
+CENSUS = '''"""Fails with a real allocator error inside a known module in forward, backward or the optimizer
+step, and writes what it counted live itself (an independent count) to a JSON file."""
+import json, sys, weakref
+import torch, torch.nn as nn, torch.nn.functional as F
+
+MODE, OUT, FAIL_STEP = sys.argv[1], sys.argv[2], int(sys.argv[3])
+CATCH = "--catch" in sys.argv
+torch.manual_seed(0)
+D, B = 256, 2048  # one activation: 2 MiB
+SAVED = []  # (weak reference to what autograd stores, storage address, bytes): pack-hook log
+HELD = []  # the same for tensors the script itself knows are live
+step = 0
+
+
+def pack(t):
+    a = t.detach()  # autograd keeps this alias: the weak reference dies when it frees it
+    s = a.untyped_storage()
+    SAVED.append((weakref.ref(a), s.data_ptr(), s.nbytes()))
+    return a
+
+
+def hold(t):
+    s = t.untyped_storage()
+    HELD.append((weakref.ref(t), s.data_ptr(), s.nbytes(), t.grad_fn is not None))
+
+
+class Boom(nn.Module):
+    def forward(self, x):
+        hold(x)  # its input: live in the caller's frame, saved by nothing
+        if MODE == "forward" and step == FAIL_STEP:
+            torch.empty(2 ** 50)  # 4 PiB of float32: a real CPU allocator failure
+        return x
+
+
+class Greedy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        hold(g)  # the gradient arriving: live in this frame
+        if MODE == "backward" and step == FAIL_STEP:
+            torch.empty(2 ** 50)
+        return g * 2
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, D), nn.GELU())
+        self.boom = Boom()
+        self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.Linear(D, D))
+
+    def forward(self, x):
+        h = Greedy.apply(self.body(x))
+        return self.head(self.boom(h))
+
+
+class GreedyAdam(torch.optim.Adam):
+    def step(self, closure=None):
+        if MODE == "optimizer" and step == FAIL_STEP:
+            torch.empty(2 ** 50)
+        return super().step(closure)
+
+
+model = Model()
+opt = GreedyAdam(model.parameters(), lr=1e-3)
+
+
+def independent():
+    """Live tensor bytes by category, counted by unique storage from what the script knows."""
+    seen = {}
+    def add(cat, t):
+        if t is not None:
+            s = t.untyped_storage()
+            seen.setdefault(s.data_ptr(), (cat, s.nbytes()))
+    for p in model.parameters():
+        add("parameters", p)
+    for p in model.parameters():
+        add("gradients", p.grad)
+    for st in opt.state.values():
+        for v in st.values():
+            if torch.is_tensor(v):
+                add("optimizer_state", v)
+    for ref, ptr, n in SAVED:
+        if ref() is not None:
+            seen.setdefault(ptr, ("activations", n))
+    for ref, ptr, n, has_fn in HELD:
+        if ref() is not None:
+            seen.setdefault(ptr, ("activations" if has_fn else "other", n))
+    out = {k: 0 for k in ("parameters", "gradients", "optimizer_state", "activations", "other")}
+    for cat, n in seen.values():
+        out[cat] += n
+    return out
+
+
+loss = None
+for step in range(FAIL_STEP + 2):
+    SAVED.clear(); HELD.clear()
+    if loss is not None:
+        hold(loss)  # the last step's loss, still bound: its storage can be larger than a scalar
+    x, y = torch.randn(B, D), torch.randn(B, D)
+    hold(x); hold(y)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda a: a):
+            loss = F.mse_loss(model(x), y)
+        hold(loss)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc):
+            raise
+        with open(OUT, "w") as f:
+            json.dump(independent(), f)
+        if not CATCH:
+            raise
+        opt.zero_grad()
+print("done")
+'''
 
 TOLERANCE = 0.10
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
@@ -44,7 +164,8 @@ def oom_events(db: Path) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in conn.execute("SELECT data FROM events WHERE kind = 'oom' ORDER BY rowid")]
 
 
-def run_census(tmp_path: Path, mode: str, step: int, catch: bool = False) -> tuple[dict[str, Any], dict[str, int], Path]:
+def run_census(tmp_path: Path, mode: str, step: int,
+               catch: bool = False) -> tuple[dict[str, Any], dict[str, int], Path]:
     script = tmp_path / "census.py"
     script.write_text(CENSUS)
     counted = tmp_path / f"{mode}.json"

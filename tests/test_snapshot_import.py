@@ -205,8 +205,9 @@ def test_malformed_snapshot_is_one_line(tmp_path: Path, name: str) -> None:
 def test_malformed_through_the_command_line(tmp_path: Path) -> None:
     """As a user meets them: one line on stderr, exit 2, no traceback, no run file."""
     cases = {"inf": _snap(total_size=float("inf")), "set": _snap(blocks={1}), "bytes": {b"segments": []}}
-    raw = {"deep": deep_segments(), "truncated": pickle.dumps(_snap(), protocol=4)[:-20], "empty": b"", "text": b"hello\n",
-           "huge int": b"I" + b"9" * 20000 + b"\n.", "huge bytes claim": b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little")}
+    raw = {"deep": deep_segments(), "truncated": pickle.dumps(_snap(), protocol=4)[:-20], "empty": b"",
+           "text": b"hello\n", "huge int": b"I" + b"9" * 20000 + b"\n.",
+           "huge bytes claim": b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little")}
     files = {k: pickle.dumps(v, protocol=4) for k, v in cases.items()} | raw
     for name, data in files.items():
         snap = tmp_path / f"{name.replace(' ', '_')}.pickle"

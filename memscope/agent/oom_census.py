@@ -84,9 +84,10 @@ class CallLog:
 
 
 def _subclasses(root: type) -> set[type]:
-    out = {root}
-    todo = [root]
+    out: set[type] = {root}
+    todo: list[type] = [root]
     while todo:
+        sub: type
         for sub in todo.pop().__subclasses__():
             if sub not in out:
                 out.add(sub)

@@ -91,7 +91,8 @@ class ArmedHooks:
         if getattr(self._local, "generation", -1) != self.generation:
             self._local.log = CallLog()
             self._local.generation = self.generation
-        return self._local.log  # type: ignore[no-any-return]
+        log: CallLog = self._local.log
+        return log
 
     def _pre(self, module: Any, args: Any) -> None:
         # Inside a region torch.compile traces, do nothing: a call dynamo cannot trace would break
@@ -194,7 +195,7 @@ def guard_optimizers(on_oom: OnOom) -> bool:
     if not isinstance(current, staticmethod):
         return False
     ref = weakref.WeakMethod(on_oom) if hasattr(on_oom, "__self__") else (lambda: on_oom)
-    _optimizer_callback = ref  # type: ignore[assignment]
+    _optimizer_callback = ref
     if _original_profile_hook_step is not None:
         return True  # already wrapped (a second agent in this process): new callback only
     original = current.__func__
@@ -218,7 +219,7 @@ def guard_optimizers(on_oom: OnOom) -> bool:
 
         return step
 
-    optimizer.profile_hook_step = staticmethod(profile_hook_step)  # type: ignore[assignment]
+    optimizer.profile_hook_step = staticmethod(profile_hook_step)  # type: ignore[method-assign]
     return True
 
 
@@ -232,7 +233,7 @@ def unguard_optimizers() -> None:
     try:
         import torch
 
-        torch.optim.Optimizer.profile_hook_step = _original_profile_hook_step  # type: ignore[assignment]
+        torch.optim.Optimizer.profile_hook_step = _original_profile_hook_step  # type: ignore[method-assign]
     except Exception:
         pass
     _original_profile_hook_step = None

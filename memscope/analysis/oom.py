@@ -463,7 +463,8 @@ def _breakdown(r: OomReport) -> list[Fact]:
         lines.append(("by site", "allocated in the snapshot, by the first frame outside torch"))
         for e in sites:
             if isinstance(e, dict):
-                lines.append(("", f"  {human_bytes(_int(e.get('bytes'))):>11}  {e.get('site') or '(no frames recorded)'}"))
+                site = e.get("site") or "(no frames recorded)"
+                lines.append(("", f"  {human_bytes(_int(e.get('bytes'))):>11}  {site}"))
     if r.breakdown_at_failure and not mods and "activations_by_module" in d:
         lines.append(("by module", "not known: the failing step's module calls were not logged "
                                    "(hooks unarmed: low memory, not step 0, not profiled)"))

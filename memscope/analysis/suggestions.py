@@ -155,9 +155,9 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
         # profiled step are scaled to the activations measured live at the failure
         prof = reader.scalar("SELECT activations FROM step_breakdown WHERE proc = ? AND step = ?",
                              (proc, s.hotspot_step))
-        at_failure = int(bd.get("activations") or 0)
-        if prof and at_failure > prof:
-            scale = at_failure / int(prof)
+        live = int(bd.get("activations") or 0)
+        if prof and live > prof:
+            scale = live / int(prof)
             layers = [{**r, "saved_bytes": int((r["saved_bytes"] or 0) * scale),
                        "output_bytes": int((r["output_bytes"] or 0) * scale)} for r in layers]
     oom_alloc, expandable = _allocator_facts(reader, s)

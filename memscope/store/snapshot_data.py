@@ -24,7 +24,7 @@ import math
 import pickle
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from memscope.store.schema import RunFileError
 
@@ -224,7 +224,7 @@ class _Walker:
         self.sites[key] = found
         return found
 
-    def block_list(self, blocks: list[Any], where: str) -> tuple[int, int, int, int, dict[str | None, int], Any]:
+    def block_list(self, blocks: Sequence[Any], where: str) -> tuple[int, int, int, int, dict[str | None, int], Any]:
         """(blocks, allocated bytes of active blocks, inactive bytes, largest inactive, active
         bytes by site, the first block's frames) of one blocks list, once per list object."""
         key = id(blocks)
