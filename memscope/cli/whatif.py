@@ -31,7 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"technique to try, repeatable ({', '.join(TECHNIQUES)}; default: all)")
     parser.add_argument("--steps", type=int, default=6, metavar="N",
                         help="steps per run (default %(default)s; at least 2)")
-    parser.add_argument("--db-dir", metavar="DIR", 
+    parser.add_argument("--db-dir", metavar="DIR",
                         help="where the run files go, created if missing (default: a new temp dir)")
     parser.add_argument("--json", action="store_true", help="print the memscope.whatif/1 JSON document")
     parser.add_argument("script", metavar="SCRIPT.py", help="training script, run unchanged")
