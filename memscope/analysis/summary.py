@@ -52,6 +52,9 @@ class RunSummary:
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
+    # techniques memscope applied to the unchanged script (attach --try, whatif trials): what
+    # the numbers are of; each {"technique", "applied", "message"}
+    techniques: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
 
 
@@ -104,6 +107,7 @@ def summarize(reader: RunReader) -> RunSummary:
         leaks=leaks_of(reader, main["id"] if main else None),
         oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
+        techniques=_techniques(reader),
         ranks=rank_summaries(reader),
     )
 
@@ -128,6 +132,15 @@ def _breakdown_at_failure(peak: Peak, oom: OomReport | None, main: int) -> None:
     peak.breakdown = parts
     peak.breakdown_step = oom.step
     peak.breakdown_at_failure = True
+
+
+def _techniques(reader: RunReader) -> list[dict[str, Any]]:
+    out = []
+    for e in reader.events("technique"):
+        data = e["data"] if isinstance(e["data"], dict) else {}
+        out.append({"technique": data.get("technique"), "applied": bool(data.get("applied")),
+                    "message": e["message"]})
+    return out
 
 
 def _main_process(procs: list[dict[str, Any]],
