@@ -189,7 +189,7 @@ def census(device: str, optimizers: Iterable[Any], roots: Iterable[tuple[Any, st
         import torch
 
         return _census(torch, device, list(optimizers), list(roots), log, max_seconds)
-    except BaseException:  # noqa: BLE001 - a MemoryError here included: the OOM record goes on
+    except Exception:  # a MemoryError or RecursionError included: the OOM record goes on
         return None
 
 
