@@ -288,7 +288,10 @@ def test_finder_later_in_the_run(tmp_path: Path) -> None:
     script.write_text(FINDER)
     plain, hooked = tmp_path / "plain.db", tmp_path / "hooked.db"
     assert attach(plain, "--layers-every", "0", str(script), "8", "3").returncode == 0
-    assert oom_events(plain) == []
+    from memscope.agent.oom_hooks import ARM_SHARE, host_limits, host_share
+
+    if host_share(host_limits(), 600 << 20, 3 << 30) < ARM_SHARE:  # not a small box or cgroup
+        assert oom_events(plain) == []
     assert attach(hooked, "--layers-every", "0", "--catch-forward-oom", str(script), "8", "3").returncode == 0
     events = oom_events(hooked)
     assert [(e["step"], e["module"]) for e in events] == [(3, "1"), (3, "1")]

@@ -273,6 +273,8 @@ def test_real_cuda_oom_records_the_allocator(tmp_path: Path) -> None:
     assert sum(bd.values()) <= d["allocated_bytes"] + MiB
     text = memscope("oom", str(db)).stdout
     assert_text_shows(d, text)
+    report = report_json(db)
+    assert report["peak"]["step"] == d["step"]  # the failing step's CUDA peak is in-step
 
 
 @pytest.mark.cuda

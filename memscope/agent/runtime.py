@@ -373,12 +373,21 @@ class Agent:
             self._oom.pending_failed = None
             hwm = rss_high_water_mark()
             rss_now = self._process.memory_info().rss
+            peak_alloc = peak_reserved = None
             with self._lock:
                 peak_rss = self._rss_peak.close(hwm, rss_now)
+                # the failing step's CUDA peak too: it is the run's peak when memory ran out there
+                for index, (alloc, reserved) in self._cuda_peaks.items():
+                    try:
+                        stats = cuda.read_device_stats(index)
+                    except Exception:
+                        continue
+                    peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
+                    peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
             self._writer.insert("steps", {"proc": self.proc_id, "step": pending["step"],
                                           "start": pending["start"], "end": time.time(),
-                                          "peak_rss": peak_rss, "peak_allocated": None,
-                                          "peak_reserved": None, "status": "failed"})
+                                          "peak_rss": peak_rss, "peak_allocated": peak_alloc,
+                                          "peak_reserved": peak_reserved, "status": "failed"})
 
     def _guard_call(self, name: str, fn: Any) -> None:
         """Run a no-argument collector call; on failure, say so once and carry on."""
