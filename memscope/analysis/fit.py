@@ -135,30 +135,25 @@ def score(techniques: Iterable[dict[str, Any]], extra_flops: float = 0.0) -> flo
 
 def describe_cost(techniques: Sequence[dict[str, Any]], extra_flops: float | None,
                   communication: int | None = None) -> str:
-    """The cost in words: extra compute, communication, what changes for the training."""
+    """The cost in a few words: extra compute, communication, what changes for the training."""
     if not techniques:
-        return "none: the script as it is"
+        return "none"
     words = []
     for t in techniques:
         kind = t["technique"]
         if kind == "mixed_precision":
-            words.append("bf16 numerics (no extra compute; usually faster on tensor cores)")
+            words.append("bf16 numerics")
         elif kind == "activation_checkpointing":
-            n, of = len(t["blocks"]), t["of"]
-            flops = f"+{extra_flops:.0%} FLOPs per step" if extra_flops is not None else "extra FLOPs"
-            words.append(f"recompute: {flops} ({n} of {of} blocks run their forward again in backward)")
+            flops = f"+{extra_flops:.0%} FLOPs" if extra_flops is not None else "extra FLOPs"
+            words.append(f"{flops} (recompute)")
         elif kind == "gradient_accumulation":
-            words.append(f"{t['steps']} micro-batches of {t['micro_batch']} per optimizer step "
-                         f"(same work, smaller kernels; effective batch {t['effective_batch']})")
+            words.append(f"{t['steps']} micro-batches per step")
         elif kind == "sharding":
-            s, n = int(t["stage"]), int(t["world_size"])
-            comm = f" ({human_bytes(communication)} per step per rank)" if communication else ""
-            words.append(f"{SHARDING_NAME[s]} over {n} ranks: "
-                         + ("1.5x DDP's communication" if s == 3 else "DDP's communication volume")
-                         + comm)
+            s = int(t["stage"])
+            words.append(("1.5x DDP communication" if s == 3 else "DDP communication")
+                         + (f" ({human_bytes(communication)}/step/rank)" if communication else ""))
         elif kind == "lighter_optimizer":
-            words.append(f"{t['optimizer']} instead of {t['replaces']}: retune the learning rate; "
-                         "convergence may differ")
+            words.append("retune LR (SGD, not Adam)")
     return "; ".join(words)
 
 

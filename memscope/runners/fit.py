@@ -34,6 +34,7 @@ from memscope.errors import UserError
 from memscope.runners.fake_estimate import FakeResult, FakeRunner
 from memscope.units import human_bytes, parse_size
 
+SHOWN = 4  # plans shown after the cheapest that fits (--json has them all)
 MAX_TRIALS = 40  # fake runs per fit, all searches together
 BATCH_TRIALS = 14  # of which the batch search
 ADAM = ("Adam", "AdamW")
@@ -138,7 +139,10 @@ def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
         max_batch = None
         if batch is not None:
             max_batch = _search_batch(trials, batch, base, usable, points, notes)
-        plans = _plans(trials, base, b0, usable, world_size, notes)
+        if base.peak_rounded <= usable:
+            plans = [Plan([], base.peak_rounded, True, planning.describe_cost([], None), 0.0)]
+        else:
+            plans = _plans(trials, base, b0, usable, world_size, notes)
         notes.extend(trials.failures[:5])
     return FitResult(script, budget, world_size, allowance, base, batch, max_batch, points, plans,
                      trials.count + 1, time.monotonic() - started, notes)
@@ -252,8 +256,7 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
                 peak = planning.shard(r.peak_rounded, r["peak_breakdown"] or {}, stage, world, largest_block)
                 sharded = [*techs, planning.sharding(stage, world)]
                 plans.append(Plan(sharded, peak, peak <= usable,
-                                  planning.describe_cost(sharded, extra, planning.communication(stage, world, grads))
-                                  + " (peak computed from what was live at the fake run's peak)",
+                                  planning.describe_cost(sharded, extra, planning.communication(stage, world, grads)),
                                   planning.score(sharded, extra or 0.0), measured=False))
     return planning.rank(plans)
 
@@ -336,19 +339,25 @@ def render(res: FitResult) -> str:
         else:
             lines.append(f"  micro-batch largest that fits as it is: {b.name} {res.max_micro_batch} "
                          f"(peak {human_bytes(res.batch_points[res.max_micro_batch])}{after})")
-    lines.append(f"  plans for {'batch ' + str(b.value) if b else 'the script as it is'}, "
-                 "cheapest first (cost: see memscope fit --help):")
-    rows = [["", "fits", "peak", "techniques", "cost"]]
-    first_fit = next((i for i, p in enumerate(res.plans) if p.fits), None)
-    for i, p in enumerate(res.plans):
-        mark = "->" if i == first_fit else ""
-        rows.append([mark, "yes" if p.fits else "no", human_bytes(p.peak_bytes),
-                     describe_techniques(p.techniques), p.cost])
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
-    if first_fit is None:
-        lines.append("  no plan fits: a bigger GPU, more ranks (--world-size), or a smaller model")
+    if len(res.plans) == 1 and not res.plans[0].techniques and res.plans[0].fits:
+        lines.append("  plans       none needed: the script fits as it is")
+    else:
+        lines.append(f"  plans for {'batch ' + str(b.value) if b else 'the script as it is'}, "
+                     "cheapest first (* peak computed, not run):")
+        rows = [["", "fits", "peak", "techniques", "cost"]]
+        first_fit = next((i for i, p in enumerate(res.plans) if p.fits), None)
+        shown = [p for i, p in enumerate(res.plans) if first_fit is None or i <= first_fit + SHOWN]
+        for i, p in enumerate(shown):
+            rows.append(["->" if i == first_fit else "", "yes" if p.fits else "no",
+                         human_bytes(p.peak_bytes) + ("" if p.measured else "*"),
+                         describe_techniques(p.techniques), p.cost])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            lines.append(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip())
+        if len(shown) < len(res.plans):
+            lines.append(f"  ... {len(res.plans) - len(shown)} more plans save more at a higher cost (--json lists all)")
+        if first_fit is None:
+            lines.append("  no plan fits: a bigger GPU, more ranks (--world-size), or a smaller model")
     lines.extend(f"  note: {n}" for n in res.notes)
     lines.append("  not counted: cuBLAS/cuDNN workspaces, DDP/ZeRO communication buckets, code "
                  "paths that differ on a GPU (flash attention, fused optimizers)")
