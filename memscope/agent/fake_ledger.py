@@ -31,6 +31,10 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "othe
 _RANK = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "activations": 3}
 
 
+# ops that read a value out of a tensor: a fake tensor has none, so they get a placeholder
+_SCALAR_READS = (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
+
+
 def rounded(nbytes: int) -> int:
     """The block size the CUDA caching allocator gives an allocation of ``nbytes``."""
     return 0 if nbytes <= 0 else -(-nbytes // BLOCK) * BLOCK
@@ -193,11 +197,11 @@ class Accounting(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is aten._local_scalar_dense.default:
+        if func in _SCALAR_READS:
             try:
                 return func(*args, **kwargs)  # a constant the fake mode still knows (a step count)
             except Exception:
-                return self._placeholder(args[0])
+                return self._placeholder(args[0], func)
         if func is aten.nonzero.default:
             x = args[0]
             out = torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
@@ -218,8 +222,8 @@ class Accounting(TorchDispatchMode):
                 pass
         return out
 
-    def _placeholder(self, t: Any) -> Any:
-        if t.dtype is torch.bool:
+    def _placeholder(self, t: Any, func: Any) -> Any:
+        if func is not aten._local_scalar_dense.default or t.dtype is torch.bool:
             value: Any = False
         elif t.dtype.is_floating_point or t.dtype.is_complex:
             value = 0.0

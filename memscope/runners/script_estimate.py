@@ -193,7 +193,8 @@ def render(e: ScriptEstimate) -> str:
     if e.modules:
         top = e.modules[:5]
         lines.append("  activations by module: " + " · ".join(
-            f"{m['module'] or '(model)'} {human_bytes(m['saved_bytes'])}" for m in top)
+            f"{m['module'] or '(model)'}{' (' + m['type'] + ')' if m.get('type') else ''} "
+            f"{human_bytes(m['saved_bytes'])}" for m in top)
             + (f" · {len(e.modules) - 5} more" if len(e.modules) > 5 else ""))
     for p in e.placeholders[:3]:
         lines.append(f"  placeholder: {p['site']} x{p['count']} (a fake run has no values)")
@@ -218,9 +219,13 @@ def _hint(script_args: Sequence[str], error: str) -> str:
 
 
 def run_fake(script: str, script_args: Sequence[str], steps: int = 2, pretend_cuda: bool = True,
-             workdir: str | None = None) -> ScriptEstimate:
-    with FakeRunner(workdir) as runner:
+             workdir: str | None = None, runner: FakeRunner | None = None) -> ScriptEstimate:
+    """The fake estimate (a warm ``runner`` may be passed in; else one is started)."""
+    if runner is not None:
         result = runner.run(script, script_args, steps=steps, pretend_cuda=pretend_cuda)
+    else:
+        with FakeRunner(workdir) as own:
+            result = own.run(script, script_args, steps=steps, pretend_cuda=pretend_cuda)
     if not result.ok:
         if result["status"] == "ended" and not result.steps:
             raise CliError(f"estimate: {script} completed no training step in the fake run (a "
