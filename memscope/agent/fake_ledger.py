@@ -223,20 +223,53 @@ class Accounting(TorchDispatchMode):
         return out
 
     def _placeholder(self, t: Any, func: Any) -> Any:
-        if func is not aten._local_scalar_dense.default or t.dtype is torch.bool:
-            value: Any = False
-        elif t.dtype.is_floating_point or t.dtype.is_complex:
-            value = 0.0
-        else:
-            value = 0
+        value = placeholder_value(t.dtype, func is not aten._local_scalar_dense.default)
         self._note(f"{type(value).__name__} scalar read from a tensor (.item(), float(), if t:)",
                    type(value).__name__)
         return value
 
-    def _note(self, what: str, kind: str) -> None:
+    def _note(self, what: str, kind: str, count: int = 1) -> None:
         site = user_site(self.script)
         entry = self.placeholders.setdefault(f"{site}: {what}", {"kind": kind, "count": 0})
-        entry["count"] += 1
+        entry["count"] += count
+
+    def install_conversions(self) -> None:
+        """``tensor.tolist()`` and ``tensor.numpy()`` of a fake tensor: placeholders of the
+        right shape (a shuffled sampler's ``randperm(n).tolist()``, metrics in numpy), in one
+        call rather than one scalar read per element."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        numpy = torch.Tensor.numpy
+        accounting = self
+
+        def fake_tolist(t: Any) -> Any:
+            value = placeholder_value(t.dtype)
+            accounting._note("tolist() of a tensor: placeholders", "list", max(1, t.numel()))
+
+            def build(shape: list[int]) -> Any:
+                return [build(shape[1:]) for _ in range(shape[0])] if shape else value
+            return build(list(t.shape))
+
+        def fake_numpy(t: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(t, FakeTensor):
+                return numpy(t, *args, **kwargs)
+            import numpy as np
+
+            accounting._note("numpy() of a tensor: zeros", "array", max(1, t.numel()))
+            name = str(t.dtype).replace("torch.", "")
+            return np.zeros(tuple(t.shape), dtype=name if hasattr(np, name) else "float32")
+
+        FakeTensor.tolist = fake_tolist  # type: ignore[method-assign]
+        torch.Tensor.numpy = fake_numpy  # type: ignore[method-assign]
+
+
+def placeholder_value(dtype: Any, boolean: bool = False) -> Any:
+    """What a fake tensor's value reads as: 0, 0.0 or False."""
+    if boolean or dtype is torch.bool:
+        return False
+    if dtype.is_floating_point or dtype.is_complex:
+        return 0.0
+    return 0
 
 
 def user_site(script: str) -> str:

@@ -362,6 +362,7 @@ class FakeRun:
                                           lambda: self.ledger.peak_rounded)
         self._no_compile()
         self._swap_fake_parameters()
+        self.accounting.install_conversions()
         self._patch_argparse()
         self._patch_dataloader()
         self._watch_optimizers()

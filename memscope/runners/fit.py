@@ -405,6 +405,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.fragmentation < 1:
         raise UserError(f"fit: --fragmentation must be between 0 and 1, not {args.fragmentation}")
     allowance = Allowance(context, args.fragmentation)
+    if allowance.usable(budget) <= 0:
+        raise UserError(f"fit: a {human_bytes(budget)} GPU leaves nothing for tensors after the "
+                        f"{human_bytes(allowance.cuda_context)} CUDA context allowance")
     workdir = tempfile.mkdtemp(prefix="memscope-fit-")
     print(f"memscope fit: fake runs of {script} ...", file=sys.stderr)
     res = fit(script, list(args.script_args or []), budget, args.world_size, allowance,
