@@ -66,6 +66,20 @@ def test_fake_peak_is_within_10_percent_of_the_real_live_tensor_peak(
     assert abs(row.error) <= accuracy.TOLERANCE, row
 
 
+def test_the_readme_table_is_the_benchmark_s_and_within_10_percent() -> None:
+    """The README's accuracy table has the rows benchmarks/estimate_accuracy.py prints (its
+    header, one row per case, in order) and every error in it is within the tolerance."""
+    readme = (ROOT / "README.md").read_text()
+    header = accuracy.markdown([]).splitlines()
+    start = readme.index(header[0])
+    lines = readme[start:].splitlines()[:len(header) + len(accuracy.cases())]
+    assert lines[:2] == header
+    for line, (model, optimizer, precision) in zip(lines[2:], accuracy.cases()):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:3] == [model, optimizer, precision]
+        assert abs(float(cells[5].rstrip("%"))) <= 100 * accuracy.TOLERANCE
+
+
 def test_the_quick_cases_cover_every_model_optimizer_and_precision() -> None:
     assert {c[0] for c in accuracy.QUICK} == set(accuracy.MODELS)
     assert {c[1] for c in accuracy.QUICK} == {"Adam", "SGD"}

@@ -226,8 +226,12 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
         if r is None or techs is None:
             continue
         measured.append(_Measured(techs, r, b0, names, ck))
-        if ck == "*" and len(blocks) > 1 and r.peak_rounded <= usable:
-            fewer = _fewest_blocks(trials, b0, names, blocks, usable, r)
+        stage = _stage_that_fits(r, usable, world, largest_block)
+        if ck == "*" and len(blocks) > 1 and stage is not None:
+            def peak_of(x: FakeResult, stage: int = stage) -> int:
+                return _sharded_peak(x, stage, world, largest_block)
+
+            fewer = _fewest_blocks(trials, b0, names, blocks, usable, r, peak_of)
             if fewer is not None:
                 techs_j = techniques_of(names, fewer[0], fewer[1])
                 if techs_j is not None:
@@ -261,33 +265,48 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
     return planning.rank(plans)
 
 
+def _sharded_peak(r: FakeResult, stage: int, world: int, largest_block: int) -> int:
+    if stage == 0:
+        return r.peak_rounded
+    return planning.shard(r.peak_rounded, r["peak_breakdown"] or {}, stage, world, largest_block)
+
+
+def _stage_that_fits(r: FakeResult, usable: int, world: int, largest_block: int) -> int | None:
+    """The lowest ZeRO stage (0: none) with which this run's peak fits; None: none does."""
+    for stage in (0, 1, 2, 3) if world > 1 else (0,):
+        if _sharded_peak(r, stage, world, largest_block) <= usable:
+            return stage
+    return None
+
+
 def _fewest_blocks(trials: _Trials, b0: int | None, names: list[str], blocks: list[str],
-                   usable: int, every: FakeResult) -> tuple[list[str], FakeResult] | None:
-    """The first j blocks checkpointed, j the fewest that fit (less recompute than all of
-    them). j is first predicted from the peaks with none and with all checkpointed."""
+                   usable: int, every: FakeResult, peak_of: Any) -> tuple[list[str], FakeResult] | None:
+    """The first j blocks checkpointed, j the fewest whose peak (``peak_of``: with the ZeRO
+    stage the plan needs) fits: less recompute than all of them. j is first predicted from the
+    peaks with none and with all checkpointed, then checked by fake runs."""
     n = len(blocks)
     without = trials.run(b0, names, None)
-    if without is None or without.peak_rounded <= usable:
+    if without is None or peak_of(without) <= usable:
         return None
-    saved_all = without.peak_rounded - every.peak_rounded
+    saved_all = peak_of(without) - peak_of(every)
     if saved_all <= 0:
         return None
-    j = max(1, min(n - 1, math.ceil(n * (without.peak_rounded - usable) / saved_all)))
+    j = max(1, min(n - 1, math.ceil(n * (peak_of(without) - usable) / saved_all)))
     seen: dict[int, FakeResult] = {}
     for _ in range(4):
         r = trials.run(b0, names, blocks[:j])
         if r is None:
             break
         seen[j] = r
-        if r.peak_rounded <= usable:
-            if j == 1 or (j - 1 in seen and seen[j - 1].peak_rounded > usable):
+        if peak_of(r) <= usable:
+            if j == 1 or (j - 1 in seen and peak_of(seen[j - 1]) > usable):
                 break
             j -= 1
         else:
             if j + 1 in seen or j + 1 >= n:
                 break
             j += 1
-    fitting = [k for k, r in seen.items() if r.peak_rounded <= usable]
+    fitting = [k for k, r in seen.items() if peak_of(r) <= usable]
     if not fitting:
         return None
     k = min(fitting)
