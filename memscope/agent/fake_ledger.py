@@ -56,10 +56,13 @@ class Ledger:
         self.nbytes: dict[int, int] = {}  # serial -> bytes, for the snapshot
         self.peak_live: list[int] = []  # serials live at the (exact) peak
         self._pending = False  # the peak rose since the last snapshot
-        self.saved_live = 0  # bytes of storages saved for backward, alive now
+        self.saved_live = 0  # bytes of storages saved for backward that autograd still holds
         self.saved_peak = 0  # their most in the step
         self.saved_by_module: dict[str, int] = {}  # this step: module -> bytes it saved first
         self._saved_serials: set[int] = set()  # serials saved in this step (charged once)
+        self.buffers: set[int] = set()  # serials of the models' buffers: not activations
+        self._aliases: dict[int, int] = {}  # serial -> saved aliases alive (autograd holds them)
+        self._alias_refs: set[weakref.ReferenceType[Any]] = set()
         self.flops = 0
 
     # -- storages --------------------------------------------------------------------------------
@@ -120,8 +123,6 @@ class Ledger:
                     self._pending = False
                 self.total -= n
                 self.total_rounded -= rounded(n)
-                if self.category.get(serial) == "activations":
-                    self.saved_live -= n
         return callback
 
     # -- categories ------------------------------------------------------------------------------
@@ -138,28 +139,55 @@ class Ledger:
             old = self.category.get(serial)
             if old is None or _RANK[category] < _RANK[old]:
                 self.category[serial] = category
-                if old == "activations" and self._is_live(serial):
+                if old == "activations" and serial in self._aliases:
+                    self._aliases.pop(serial)  # not an activation after all (a parameter's view)
                     self.saved_live -= self.nbytes[serial]
         return self.nbytes.get(serial, 0)
 
-    def _is_live(self, serial: int) -> bool:
-        return any(s == serial for s, _ in self.live.values())
-
-    def saved(self, t: Any, module: str) -> None:
-        """A tensor autograd saves for backward, inside ``module``'s forward."""
+    def saved(self, t: Any, module: str) -> Any:
+        """A tensor autograd saves for backward, inside ``module``'s forward; returns what
+        autograd should keep. As the agent's layer profiler does (memscope.agent.layers), that
+        is a detached alias (the same storage): keeping ``t`` itself would tie an output saved
+        by its own grad_fn to its graph in a cycle gc cannot see. Saved bytes are alive while an
+        alias of their storage is (the graph holds them), counted once per storage."""
+        alias = t.detach()
         serial = self.serial_of(t)
         if serial is None:
             serial = self.add(t)
             if serial is None:
-                return
+                return alias
+        if serial in self.buffers:
+            return alias
         with self._lock:
             if self.category.get(serial) is None:
                 self.category[serial] = "activations"
-                self.saved_live += self.nbytes[serial]
+            if self.category[serial] != "activations":
+                return alias
+            n = self.nbytes[serial]
+            count = self._aliases.get(serial, 0)
+            self._aliases[serial] = count + 1
+            if count == 0:
+                self.saved_live += n
                 self.saved_peak = max(self.saved_peak, self.saved_live)
-            if self.category[serial] == "activations" and serial not in self._saved_serials:
-                self._saved_serials.add(serial)
-                self.saved_by_module[module] = self.saved_by_module.get(module, 0) + self.nbytes[serial]
+                if serial not in self._saved_serials:
+                    self._saved_serials.add(serial)
+                    self.saved_by_module[module] = self.saved_by_module.get(module, 0) + n
+            self._alias_refs.add(weakref.ref(alias, self._unsaved(serial)))
+        return alias
+
+    def _unsaved(self, serial: int) -> Callable[[Any], None]:
+        def callback(ref: Any) -> None:
+            with self._lock:
+                self._alias_refs.discard(ref)
+                if serial not in self._aliases:
+                    return  # no longer counted (claimed as a parameter's)
+                count = self._aliases[serial] - 1
+                if count > 0:
+                    self._aliases[serial] = count
+                    return
+                self._aliases.pop(serial, None)
+                self.saved_live -= self.nbytes.get(serial, 0)
+        return callback
 
     # -- steps -----------------------------------------------------------------------------------
 

@@ -212,6 +212,10 @@ class FakeRun:
             self.names.setdefault(id(m), prefix + n if n else prefix.rstrip(":"))
         for p in module.parameters():
             self.ledger.claim(p, "parameters")
+        for b in module.buffers():
+            serial = self.ledger.add(b)
+            if serial is not None:
+                self.ledger.buffers.add(serial)
         if main:
             self.main = module
             self._apply_checkpoint_plan(module)
@@ -228,8 +232,7 @@ class FakeRun:
             self.stack.pop()
 
     def _pack(self, t: Any) -> Any:
-        self.ledger.saved(t, self.stack[-1] if self.stack else "<no module>")
-        return t
+        return self.ledger.saved(t, self.stack[-1] if self.stack else "<no module>")
 
     def _apply_checkpoint_plan(self, root: Any) -> None:
         from memscope.agent.techniques import choose_blocks
