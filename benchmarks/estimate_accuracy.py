@@ -47,7 +47,7 @@ MODELS: dict[str, tuple[list[str], dict[str, tuple[list[str], list[str]]]]] = {
                  {"Adam": ([], []), "SGD": ([], ["lighter_optimizer"])}),
     "nanoGPT (10.7M)": ([str(EX / "scenarios" / "nanogpt.py"), "--batch-size", "2"],
                         {"Adam": (["--optimizer", "adamw"], []), "SGD": (["--optimizer", "sgd"], [])}),
-    "CNN (ResNet)": ([str(EX / "scenarios" / "cnn.py")],
+    "CNN (ResNet)": ([str(EX / "scenarios" / "resnet.py")],
                      {"Adam": (["--optimizer", "adam"], []), "SGD": (["--optimizer", "sgd"], [])}),
     "MLP": ([str(EX / "scenarios" / "mlp.py"), "--depth", "6", "--width", "512", "--batch", "512"],
             {"Adam": (["--optimizer", "adam"], []), "SGD": (["--optimizer", "sgd"], [])}),

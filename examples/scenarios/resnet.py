@@ -1,8 +1,8 @@
 """A small ResNet-style CNN (convolutions, BatchNorm, residual blocks) on synthetic images: the
 convolutional model of the estimate accuracy table (memscope estimate / fit).
 
-    memscope estimate examples/scenarios/cnn.py
-    memscope estimate examples/scenarios/cnn.py --optimizer sgd --batch 64
+    memscope estimate examples/scenarios/resnet.py
+    memscope estimate examples/scenarios/resnet.py --optimizer sgd --batch 64
 """
 
 from __future__ import annotations
