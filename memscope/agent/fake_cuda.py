@@ -137,11 +137,11 @@ def install(total_memory: int, allocated: Callable[[], int], peak: Callable[[], 
     }
     for name, value in patches.items():
         setattr(cuda, name, value)
-    cuda.device = _device_context  # type: ignore[assignment]
+    cuda.device = _device_context  # type: ignore[assignment,misc]
     try:
         import torch.cuda.amp.common as amp_common
 
-        amp_common.amp_definitely_not_available = lambda: False  # type: ignore[assignment]
+        amp_common.amp_definitely_not_available = lambda: False
     except Exception:
         pass
     _autocast_on_cpu()

@@ -287,8 +287,8 @@ class Accounting(TorchDispatchMode):
             name = str(t.dtype).replace("torch.", "")
             return np.zeros(tuple(t.shape), dtype=name if hasattr(np, name) else "float32")
 
-        FakeTensor.tolist = fake_tolist  # type: ignore[method-assign]
-        torch.Tensor.numpy = fake_numpy  # type: ignore[method-assign]
+        FakeTensor.tolist = fake_tolist  # type: ignore[method-assign,assignment]
+        torch.Tensor.numpy = fake_numpy  # type: ignore[method-assign,assignment]
 
 
 def placeholder_value(dtype: Any, boolean: bool = False) -> Any:

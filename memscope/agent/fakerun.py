@@ -39,7 +39,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memscope.agent.config import AgentOptions
-from memscope.agent.fake_ledger import Accounting, Ledger, user_site
+from memscope.agent.fake_ledger import Accounting, Ledger
 
 DEFAULT_GPU = 80 << 30  # what the pretend GPU says it has when the request names no size
 
@@ -172,7 +172,7 @@ class FakeRun:
                     if run.mode == "backward":
                         run.close()
 
-        torch.autograd.backward = backward  # type: ignore[assignment]
+        torch.autograd.backward = backward
 
     def _watch_optimizers(self) -> None:
         orig = torch.optim.Optimizer.__init__
@@ -273,10 +273,8 @@ class FakeRun:
                 for a in self._actions:
                     if not a.option_strings or a.dest == "help":
                         continue
-                    value = getattr(ns, a.dest, None)
                     opts.append({"options": list(a.option_strings), "dest": a.dest,
-                                 "value": value if isinstance(value, (int, float, str, bool, type(None))) else None,
-                                 "default": a.default if isinstance(a.default, (int, float, str, bool, type(None))) else None})
+                                 "value": _plain(getattr(ns, a.dest, None)), "default": _plain(a.default)})
                 run.parsers.append({"options": opts})
             except Exception:
                 pass
@@ -344,7 +342,7 @@ class FakeRun:
         def compile(model: Any = None, **kwargs: Any) -> Any:
             return (lambda m: m) if model is None else model
 
-        torch.compile = compile  # type: ignore[assignment]
+        torch.compile = compile
         torch.nn.Module.compile = lambda self, *a, **k: None  # type: ignore[method-assign]
 
     # -- the run ---------------------------------------------------------------------------------
@@ -408,7 +406,7 @@ class FakeRun:
 
     def result(self, status: str, error: str | None, code: int, elapsed: float) -> dict[str, Any]:
         modules = []
-        saved = {}
+        saved: dict[str, int] = {}
         for s in self.steps:
             saved = s.pop("saved_by_module", {}) or saved
         main = self.main
@@ -449,6 +447,11 @@ class FakeRun:
             "elapsed_s": round(elapsed, 3),
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
+
+
+def _plain(value: Any) -> Any:
+    """A value JSON can carry as it is, else None."""
+    return value if isinstance(value, (int, float, str, bool, type(None))) else None
 
 
 def _describe(exc: BaseException, script: str) -> str:

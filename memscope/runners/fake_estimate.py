@@ -106,7 +106,7 @@ class FakeRunner:
         could not run it (a script that fails is a result with ``ok`` False)."""
         self.count += 1
         stem = f"trial-{self.count}"
-        req = {"id": self.count, "script": script, "args": list(args), "cwd": cwd or os.getcwd(),
+        req: dict[str, Any] = {"id": self.count, "script": script, "args": list(args), "cwd": cwd or os.getcwd(),
                "result": os.path.join(self.workdir, stem + ".json"),
                "log": os.path.join(self.workdir, stem + ".log"), "steps": steps,
                "techniques": list(techniques), "checkpoint_blocks": checkpoint_blocks,

@@ -111,9 +111,10 @@ def _flops_per_sample(r: FakeResult, batch: int | None) -> float | None:
 
 
 def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
-        allowance: Allowance = Allowance(), batch_arg: str | None = None, steps: int = 2,
+        allowance: Allowance | None = None, batch_arg: str | None = None, steps: int = 2,
         pretend_cuda: bool = True, workdir: str | None = None) -> FitResult:
     started = time.monotonic()
+    allowance = allowance or Allowance()
     usable = allowance.usable(budget)
     if usable <= 0:
         raise UserError(f"fit: a {human_bytes(budget)} GPU leaves nothing for tensors after the "
@@ -212,7 +213,7 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
         return out
 
     measured = [_Measured([], base, b0, [], None)]
-    options = [[]] + ([["mixed_precision"]] if not sixteen else [])
+    options: list[list[str]] = [[]] + ([["mixed_precision"]] if not sixteen else [])
     if any(o in ADAM for o in optimizers):
         options += [o + ["lighter_optimizer"] for o in options]
     combos = [(names, ck) for names in options for ck in (None, "*") if names or ck]
@@ -374,7 +375,8 @@ def render(res: FitResult) -> str:
         for r in rows:
             lines.append(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip())
         if len(shown) < len(res.plans):
-            lines.append(f"  ... {len(res.plans) - len(shown)} more plans save more at a higher cost (--json lists all)")
+            lines.append(f"  ... {len(res.plans) - len(shown)} more plans save more at a higher cost "
+                         "(--json lists all)")
         if first_fit is None:
             lines.append("  no plan fits: a bigger GPU, more ranks (--world-size), or a smaller model")
     lines.extend(f"  note: {n}" for n in res.notes)

@@ -137,7 +137,8 @@ def estimate_from_run(reader: RunReader, script: str) -> ScriptEstimate | None:
     if peak is None:
         notes.append("no live-tensor peak was measured: the allocator peak is the sum of the parts")
     allocator = peak if peak is not None else total
-    return ScriptEstimate("measured", script, reader.path, int(r["step"]), **parts,
+    return ScriptEstimate("measured", script, reader.path, int(r["step"]), parts["parameters"],
+                          parts["gradients"], parts["optimizer_state"], parts["activations"],
                           allocator_peak=allocator, tensor_peak=peak, sum_of_parts=total,
                           cuda_context=CUDA_CONTEXT_ALLOWANCE,
                           device_total=allocator + CUDA_CONTEXT_ALLOWANCE, notes=notes)
