@@ -350,7 +350,6 @@ class FakeRun:
     def run(self) -> dict[str, Any]:
         req = self.req
         started = time.perf_counter()
-        os.chdir(req.get("cwd") or os.getcwd())
         sys.argv = [req["script"], *req.get("args", [])]
         sys.path[0] = os.path.dirname(self.script)
         pretend = bool(req.get("pretend_cuda", True)) and not torch.cuda.is_available()
@@ -477,7 +476,9 @@ def child(req: dict[str, Any]) -> int:
     os.dup2(log, 2)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    sys.stdin = open(os.devnull)  # not the server's buffered requests
     try:
+        os.chdir(req.get("cwd") or os.getcwd())  # before the script's path is made absolute
         out = FakeRun(req).run()
     except BaseException as exc:  # memscope's own failure: still one result
         out = {"schema": "memscope.fakerun/1", "status": "error",

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -433,6 +434,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"memscope fit: fake runs of {script} ...", file=sys.stderr)
     res = fit(script, list(args.script_args or []), budget, args.world_size, allowance,
               args.batch_arg, pretend_cuda=not args.cpu, workdir=workdir)
+    if not any("(log: " in n for n in res.notes):
+        shutil.rmtree(workdir, ignore_errors=True)  # the logs matter only when a trial failed
     if args.json:
         print(json.dumps(res.as_json(), indent=2))
     else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -287,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError("estimate: --steps must be at least 1")
         est = run_fake(script, script_args, steps=steps, pretend_cuda=not getattr(args, "cpu", False),
                        workdir=workdir)
+        if not getattr(args, "db_dir", None):
+            shutil.rmtree(workdir, ignore_errors=True)  # the logs matter only when it failed
     if getattr(args, "json", False):
         print(json.dumps(est.as_json(), indent=2))
     else:
