@@ -18,7 +18,7 @@ from conftest import EXAMPLES, ROOT, memscope
 from memscope.analysis import fit as planning
 from memscope.analysis.fit import Allowance, BatchArgument, Plan
 from memscope.errors import UserError
-from memscope.runners.fit import fit
+from memscope.runners.fit import FitResult, fit, render
 
 TINY = [str(EXAMPLES / "tiny_gpt.py"), "--eval-every", "0"]
 CAP = ROOT / "tests" / "scripts" / "tensor_cap.py"
@@ -60,8 +60,17 @@ def test_the_largest_micro_batch_fits_for_real_and_one_more_does_not() -> None:
 
 
 @pytest.fixture(scope="module")
-def plans_doc() -> dict[str, Any]:
-    return fit_json("--gpu", "543MiB", "--world-size", "2", *TINY, "--batch", "32")
+def plans_result(tmp_path_factory: pytest.TempPathFactory) -> FitResult:
+    """tiny_gpt at batch 32 on a GPU with 3.85 MiB for tensors (its peak: 30.7 MiB), 2 ranks."""
+    return fit(TINY[0], [*TINY[1:], "--batch", "32"], 543 << 20, world_size=2,
+               workdir=str(tmp_path_factory.mktemp("fit")))
+
+
+@pytest.fixture(scope="module")
+def plans_doc(plans_result: FitResult) -> dict[str, Any]:
+    doc = plans_result.as_json()
+    assert set(doc) == KEYS
+    return json.loads(json.dumps(doc))
 
 
 def test_plans_make_the_current_batch_fit(plans_doc: dict[str, Any]) -> None:
@@ -104,15 +113,14 @@ def test_an_accumulation_plan_fits_for_real(plans_doc: dict[str, Any]) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_text_output_names_the_budget_and_marks_the_plan(tmp_path: Path) -> None:
-    res = fit(TINY[0], [*TINY[1:], "--batch", "32"], 560 << 20, workdir=str(tmp_path))
-    from memscope.runners.fit import render
-
-    text = render(res)
-    assert "20.00 MiB for tensors = 560.00 MiB - 512.00 MiB CUDA context - 5%" in text
-    assert "as is       batch 32 (--batch)" in text and "does NOT fit" in text
-    assert "largest that fits as it is: --batch 20" in text
-    assert "->" in text
+def test_text_output_names_the_budget_and_marks_the_plan(plans_result: FitResult) -> None:
+    text = render(plans_result)
+    assert "on a 543.00 MiB GPU x 2 ranks" in text
+    assert "3.85 MiB for tensors = 543.00 MiB - 512.00 MiB CUDA context - 5%" in text
+    assert "as is       batch 32 (--batch): allocator peak 30.70 MiB, does NOT fit" in text
+    assert "largest that fits as it is: --batch 2 (peak 3.70 MiB; 3 needs 4.49 MiB)" in text
+    marked = [ln for ln in text.splitlines() if ln.lstrip().startswith("->")]
+    assert len(marked) == 1 and " yes " in marked[0]
 
 
 def test_a_dataloader_batch_is_found_and_varied(tmp_path: Path) -> None:
