@@ -613,7 +613,7 @@ def fit_plan(f: Facts) -> list[Suggestion]:
         f"{_b(reserved)} reserved at the highest, {reserved / f.device_total:.0%} of the "
         f"{_b(f.device_total)} device ({_b(peak)} allocated); {allowance.describe(f.device_total)}",
         f"{verdict}: {names} (predicted allocator peak {_b(chosen.peak_bytes)} of "
-        f"{_b(usable)} usable; cost: {chosen.cost}), composed from the estimates above; for "
+        f"{_b(usable)} usable; cost: {chosen.cost}), composed from the other suggestions' savings; for "
         f"plans measured by fake runs of the script, with the largest micro-batch: "
         f"`memscope fit --gpu {size} SCRIPT.py ARGS`")]
 
