@@ -317,6 +317,8 @@ def user_site(script: str) -> str:
 def _short(name: str, script: str) -> str:
     import os
 
+    if "site-packages/" in name:  # a library's line: its package path
+        return name.rsplit("site-packages/", 1)[1]
     try:
         rel = os.path.relpath(name)
     except ValueError:
