@@ -254,3 +254,39 @@ def test_the_estimating_process_never_imports_torch(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "live-tensor peak" in out.stdout
+
+
+HF_TRAINER = '''
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+class Toy(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, 100, (32,))
+        return {"input_ids": ids, "labels": ids}
+
+model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=64))
+args = TrainingArguments(output_dir=OUT, per_device_train_batch_size=8, max_steps=5, report_to=[],
+                         logging_steps=1, save_strategy="no", disable_tqdm=True)
+Trainer(model=model, args=args, train_dataset=Toy()).train()
+'''
+
+
+@pytest.mark.slow
+def test_a_hugging_face_trainer_script(runner: FakeRunner, tmp_path: Path) -> None:
+    """The Trainer (accelerate underneath, a pretend GPU it moves the model to, its DataLoader
+    and its logging of loss values) runs fake; its parameters are GPT-2's, counted exactly."""
+    pytest.importorskip("transformers")
+    script = tmp_path / "hf_train.py"
+    script.write_text(HF_TRAINER.replace("OUT", repr(str(tmp_path / "out"))))
+    r = runner.run(str(script), [])
+    assert r.ok, (r.error, Path(r.log).read_text()[-2000:])
+    # wte 100x64 (tied head), wpe 64x64, 2 blocks of 12*64^2 + 13*64, final norm 2*64
+    n = 100 * 64 + 64 * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64
+    assert r["parameters"] == 4 * n and r["gradients"] == 4 * n
+    assert r["optimizer_state"] >= 2 * 4 * n
+    assert any(m["module"].startswith("transformer.h.0") for m in r["modules"])
