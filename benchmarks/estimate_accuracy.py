@@ -107,7 +107,7 @@ def markdown(rows: list[Row]) -> str:
     lines = ["| model | optimizer | precision | estimate (fake run) | measured (real run) | error |",
              "|---|---|---|---:|---:|---:|"]
     for r in rows:
-        err = f"{r.error * 100:+.1f}%" if r.error is not None else r.note or "-"
+        err = f"{r.error * 100:+.3f}%" if r.error is not None else r.note or "-"
         lines.append(f"| {r.model} | {r.optimizer} | {r.precision} | {human_bytes(r.estimate)} | "
                      f"{human_bytes(r.measured)} | {err} |")
     return "\n".join(lines)
