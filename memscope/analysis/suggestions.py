@@ -78,6 +78,7 @@ class Facts:
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
     layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
     basis: str = "at the peak"  # the moment the numbers describe
+    device_total: int | None = None  # the GPU's memory (NVML), or the --simulate-gpu cap
 
     @property
     def layer_source(self) -> str:
@@ -165,6 +166,7 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
     peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
              if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
     return Facts(device=s.device, world_size=world, steps=s.steps,
+                 device_total=_device_total(reader) if cuda else None,
                  parameters=int(bd.get("parameters") or 0), gradients=int(bd.get("gradients") or 0),
                  optimizer_state=int(bd.get("optimizer_state") or 0),
                  activations=int(bd.get("activations") or 0), other=int(bd.get("other") or 0),
@@ -643,9 +645,59 @@ _ALLOCATOR_HOW = ("set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the
                   "script starts (segments grow in place instead of splitting fixed blocks)")
 
 
+def _device_total(reader: RunReader) -> int | None:
+    """The memory the run had: the --simulate-gpu cap when one applied, else NVML's total."""
+    caps = [int(e["data"]["simulate_gpu_bytes"]) for e in reader.events("simulate_gpu")
+            if isinstance(e["data"], dict) and e["data"].get("simulate_gpu_bytes")]
+    if caps:
+        return min(caps)
+    total = reader.scalar("SELECT max(total) FROM nvml_samples")
+    return int(total) if total else None
+
+
+NEAR_LIMIT = 0.90  # reserved at least this share of the device: plan for it (fit_plan)
+
+
+def fit_plan(f: Facts) -> list[Suggestion]:
+    """A run near its GPU's limit: the cheapest combination of techniques that leaves the CUDA
+    context and the fragmentation allowance free, as ``memscope fit`` ranks plans
+    (memscope.analysis.fit), with peaks composed from the other rules' estimated savings."""
+    from memscope.analysis import fit as planning
+
+    r = f.cuda_peak
+    if not f.device_total or r is None or not r.get("reserved"):
+        return []
+    reserved = int(r["reserved"])
+    if reserved < NEAR_LIMIT * f.device_total:
+        return []
+    peak = int(r.get("allocated_peak") or r.get("allocated") or reserved)
+    allowance = planning.Allowance()
+    usable = allowance.usable(f.device_total)
+    savings = {s.technique: s.estimated_saving_bytes
+               for rule in (mixed_precision, activation_checkpointing, gradient_accumulation,
+                            lighter_optimizer, sharding) for s in rule(f)}
+    plans = planning.plan_from_savings(peak, usable, savings, f.activations, f.world_size)
+    chosen = next((p for p in plans if p.fits), None)
+    if chosen is None:
+        chosen = min(plans, key=lambda p: p.peak_bytes) if plans else None
+    if chosen is None or peak - chosen.peak_bytes <= 0:
+        return []
+    names = " + ".join(t["technique"] for t in chosen.techniques)
+    verdict = "the cheapest plan that fits" if chosen.fits else "no plan of these fits; the one that saves most"
+    size = f"{f.device_total / 2**30:.0f}GiB"
+    return [Suggestion(
+        "fit_plan", peak - chosen.peak_bytes,
+        f"{_b(reserved)} reserved at the highest, {reserved / f.device_total:.0%} of the "
+        f"{_b(f.device_total)} device ({_b(peak)} allocated); {allowance.describe(f.device_total)}",
+        f"{verdict}: {names} (predicted allocator peak {_b(chosen.peak_bytes)} of "
+        f"{_b(usable)} usable; cost: {chosen.cost}), composed from the other suggestions' savings; for "
+        f"plans measured by fake runs of the script, with the largest micro-batch: "
+        f"`memscope fit --gpu {size} SCRIPT.py ARGS`")]
+
+
 RULES: list[Callable[[Facts], list[Suggestion]]] = [
     mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
-    lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config,
+    lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config, fit_plan,
 ]
 
 
