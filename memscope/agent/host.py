@@ -47,5 +47,9 @@ class CollectorHost(Protocol):
     def module_prefix(self, module: Any) -> str:
         """The dotted prefix that names ``module`` as the model the user built sees it."""
 
+    def nvml_memory(self, index: int) -> dict[str, int | None] | None:
+        """NVML's reading of CUDA device ``index`` now: ``used``, ``total`` (all processes) and
+        ``process_used`` (this process, when NVML can tell); None without NVML."""
+
     def stop(self) -> None:
         """Stop the agent (hooks removed, rows flushed)."""
