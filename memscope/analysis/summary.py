@@ -51,6 +51,9 @@ class RunSummary:
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
     ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
+    # why the record is incomplete, where it is: recording degraded (the writer's error and from
+    # when), the supervisor died, the end was never written, a -wal file holding part of the run
+    recording: list[str] = field(default_factory=list)
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -98,7 +101,26 @@ def summarize(reader: RunReader) -> RunSummary:
         oom=post_mortem(reader),
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
         ranks=rank_summaries(reader),
+        recording=recording_notes(reader, run),
     )
+
+
+_RECORDING_EVENTS = ("recording_degraded", "recording_recovered", "recording_incomplete",
+                     "supervisor_gone")
+
+
+def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:
+    """One line per thing that makes this record incomplete (empty for a clean run)."""
+    notes = [str(e["message"]).removeprefix("recording ") for e in reader.events()
+             if e["kind"] in _RECORDING_EVENTS and e["message"]]
+    if run.get("status") == "abandoned":
+        notes.append("abandoned: the run says running, but no process is left writing it "
+                     "(its supervisor and training were killed, or the end could not be written)")
+    wal = reader.wal_pending()
+    if wal and run.get("stored_status", run.get("status")) != "running":
+        notes.append(f"{reader.path}-wal ({wal} bytes) belongs to this run file: copy or move "
+                     "both together")
+    return notes
 
 
 def _main_process(procs: list[dict[str, Any]],

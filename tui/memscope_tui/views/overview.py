@@ -39,9 +39,11 @@ def status_text(s: RunSummary, now: Callable[[], float] = time.time) -> Text:
         text.append(f" (signal {s.signal})")
     elif s.exit_code is not None:
         text.append(f" (exit {s.exit_code})")
-    if s.started is not None:
+    if s.started is not None and (s.ended is not None or s.status == "running"):
         end = s.ended if s.ended is not None else now()
         text.append(f" · {end - s.started:.1f} s")
+    elif s.status == "abandoned":
+        text.append(" · no writer left")
     text.append(f" · {s.steps} steps · {s.samples} samples · ")
     text.append(f"{s.dropped} dropped", style="bold yellow" if s.dropped else "")
     return text
