@@ -117,7 +117,7 @@ def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:
         notes.append("abandoned: the run says running, but no process is left writing it "
                      "(its supervisor and training were killed, or the end could not be written)")
     wal = reader.wal_pending()
-    if wal and run.get("stored_status", run.get("status")) != "running":
+    if wal and run.get("status") != "running":  # a live run's -wal is the writer's business
         notes.append(f"{reader.path}-wal ({wal} bytes) belongs to this run file: copy or move "
                      "both together")
     return notes

@@ -126,7 +126,11 @@ def main(argv: Sequence[str]) -> int:
     prepare_path(db, args.force)
     # As the user would type it: "python train.py ..." for a script, the command as given after --
     shown = ["python", *command[1:]] if via_python else list(command)
-    create_run(db, shown)
+    try:
+        create_run(db, shown)
+    except RunFileError as exc:
+        storage = storage_problem(db)
+        raise CliError(f"{exc}{f' ({storage})' if storage else ''}") from None
     env = child_environment(db, options.to_json(), command)
     # The dashboard in the foreground (a second process on the terminal) while this process
     # supervises the training as it does headless; q closes it and the training goes on.
@@ -142,6 +146,7 @@ def main(argv: Sequence[str]) -> int:
             print("memscope: no dashboard (pip install ./tui for memscope-tui); running headless",
                   file=sys.stderr)
     contained = False
+    recorded = True
     try:
         try:
             child = run_child(command, env)
@@ -155,6 +160,7 @@ def main(argv: Sequence[str]) -> int:
             contained = finish_run(db, child.exit_code, child.signal, ended=child.ended,
                                    status=child.run_status, storage=storage)
         except RunFileError as exc:  # the training's outcome stands; say what is missing
+            recorded = False
             why = f" ({storage})" if storage else ""
             print(f"memscope: warning: {exc}{why}; the run file is incomplete", file=sys.stderr)
     finally:
@@ -167,7 +173,10 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         with RunReader(db) as reader:
-            print(render_headless(summarize(reader)), file=sys.stderr)
+            summary = summarize(reader)
+        if not recorded:  # the file still says running: it is this process's word that counts
+            summary.status = f"{child.run_status} (not in the run file)"
+        print(render_headless(summary), file=sys.stderr)
     except RunFileError as exc:
         print(f"memscope: warning: cannot summarise the run: {exc}", file=sys.stderr)
     if not args.headless and sys.stdout.isatty():

@@ -39,19 +39,31 @@ DEGRADED_CHUNK = 64  # rows per transaction while the file refuses writes
 MAX_REPORTS = 50  # recording_degraded events per run at most (one per distinct reason)
 
 
-def connect_rw(path: str) -> sqlite3.Connection:
+def connect_rw(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open (creating if needed) a run file for writing, migrated to the current schema."""
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
                            check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: commits do not fsync, so the training never waits on the disk.
-        conn.execute("PRAGMA synchronous=NORMAL")
+        tune(conn)
         migrate(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+WAL_PAGES = 256  # checkpoint the -wal into the file at about 1 MiB (SQLite's default: 4 MiB)
+
+
+def tune(conn: sqlite3.Connection) -> None:
+    """Settings of every writing connection. NORMAL in WAL mode: commits do not fsync, so the
+    training never waits on the disk. A small -wal: every commit rewrites the same few leaf
+    pages into it, so on a small or nearly full disk a 4 MiB -wal would hold mostly stale
+    copies where the rows could be; after each checkpoint it is cut back to that size."""
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
 
 
 def close_for_copy(conn: sqlite3.Connection) -> bool:
@@ -124,8 +136,13 @@ class RunWriter:
     """
 
     def __init__(self, path: str, max_queue: int = 20000, flush_interval: float = 0.25,
-                 max_pending: int | None = None) -> None:
+                 max_pending: int | None = None, busy_timeout: float = BUSY_TIMEOUT_S,
+                 on_connect: Callable[[sqlite3.Connection], None] | None = None) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
+        # called with every connection the writer opens (the fault-injection tests use it to
+        # make a real connection refuse: PRAGMA query_only, max_page_count)
+        self.on_connect = on_connect
         self.flush_interval = flush_interval
         self.max_queue = max_queue
         self.max_pending = max_pending if max_pending is not None else max(2 * max_queue, 10000)
@@ -205,7 +222,9 @@ class RunWriter:
 
     def _run(self) -> None:
         try:
-            self._conn = connect_rw(self.path)
+            self._conn = connect_rw(self.path, self.busy_timeout)
+            if self.on_connect is not None:
+                self.on_connect(self._conn)
         except Exception as exc:  # the agent reads .error and disables itself
             with self._lock:
                 self.error = f"cannot open run file: {exc}"
@@ -356,9 +375,11 @@ class RunWriter:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             try:
-                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
                                        check_same_thread=False)
-                conn.execute("PRAGMA synchronous=NORMAL")
+                tune(conn)
+                if self.on_connect is not None:
+                    self.on_connect(conn)
             except sqlite3.Error as exc:
                 raise _FileRefused(exc) from None
             self._conn = conn
