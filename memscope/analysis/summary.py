@@ -50,6 +50,9 @@ class RunSummary:
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
+    # techniques memscope applied to the unchanged script (attach --try, whatif trials): what
+    # the numbers are of; each {"technique", "applied", "message"}
+    techniques: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
     # why the record is incomplete, where it is: recording degraded (the writer's error and from
     # when), the supervisor died, the end was never written, a -wal file holding part of the run
@@ -100,6 +103,7 @@ def summarize(reader: RunReader) -> RunSummary:
         leaks=leaks_of(reader, main["id"] if main else None),
         oom=post_mortem(reader),
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
+        techniques=_techniques(reader),
         ranks=rank_summaries(reader),
         recording=recording_notes(reader, run),
     )
@@ -121,6 +125,15 @@ def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:
         notes.append(f"{reader.path}-wal ({wal} bytes) belongs to this run file: copy or move "
                      "both together")
     return notes
+
+
+def _techniques(reader: RunReader) -> list[dict[str, Any]]:
+    out = []
+    for e in reader.events("technique"):
+        data = e["data"] if isinstance(e["data"], dict) else {}
+        out.append({"technique": data.get("technique"), "applied": bool(data.get("applied")),
+                    "message": e["message"]})
+    return out
 
 
 def _main_process(procs: list[dict[str, Any]],

@@ -35,6 +35,8 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
             "status": s.status,
             "dropped": s.dropped,
             "recording": s.recording,
+            # additive: techniques attach --try / whatif applied to the script (empty: none)
+            "techniques": [{"technique": t["technique"], "applied": t["applied"]} for t in s.techniques],
         },
         "peak": {
             "bytes": s.peak.bytes,
