@@ -188,7 +188,7 @@ def _run_linux(command: Sequence[str], env: dict[str, str]) -> ChildExit:
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup(mask: set[signal.Signals], parent: int) -> Any:
+def _child_setup(mask: set[int | signal.Signals], parent: int) -> Any:
     """What the child does between fork and exec: take the original signal mask back and ask
     the kernel to SIGKILL it when this supervisor dies (a SIGKILLed ``memscope attach`` must
     not leave the training running unsupervised under init, its run file saying ``running``).

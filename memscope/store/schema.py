@@ -180,8 +180,8 @@ ALTER TABLE leak_holders ADD COLUMN module TEXT;      -- the module whose forwar
 # Version 5 (issue #16, recording that survives faults): who is still writing. A reader tells a
 # live run from an abandoned one by the writers' heartbeat and, on the same host, by their pids.
 _V5 = """
-ALTER TABLE processes ADD COLUMN heartbeat REAL;      -- unix seconds of the writer's latest stamp (about every second)
-ALTER TABLE run ADD COLUMN owner_pid INTEGER;         -- the process that will finish the run (attach's supervisor, or the script under memscope.start())
+ALTER TABLE processes ADD COLUMN heartbeat REAL;  -- unix seconds of its writer's latest stamp (about 1/s)
+ALTER TABLE run ADD COLUMN owner_pid INTEGER;     -- who finishes the run: attach, or the script (memscope.start)
 """
 
 

@@ -448,8 +448,8 @@ class RunWriter:
                                 and tuple(nxt.row) == cols):
                             break
                         j += 1
-                    conn.executemany(_insert_sql(item.table, cols),
-                                     [tuple(b.row.values()) for b in batch[i:j]])  # type: ignore[union-attr]
+                    rows = [tuple(b.row.values()) for b in batch[i:j] if isinstance(b, _Insert)]
+                    conn.executemany(_insert_sql(item.table, cols), rows)
                     written += j - i
                     i = j
                 else:
@@ -483,7 +483,7 @@ def _is_file_level(exc: sqlite3.Error) -> bool:
     """OperationalError covers both a refusing file (full, read-only, locked: retry later)
     and a bad statement; only the first kind is worth keeping rows for."""
     code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
+    if isinstance(code, int):
         # SQLITE_ERROR (1): a bad statement; everything else is the file or the system
         return (code & 0xFF) != 1
     text = str(exc).lower()

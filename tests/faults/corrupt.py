@@ -14,7 +14,7 @@ import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PAGE = 4096
 # Values written into columns: what a damaged or foreign file may hold.
@@ -115,7 +115,7 @@ def _schema_damage(rng: random.Random, path: Path) -> str:
             try:
                 conn.execute(f'ALTER TABLE "{table}" DROP COLUMN "{col}"')
             except sqlite3.Error:  # indexed columns cannot be dropped: drop the index first
-                for (idx,) in conn.execute(f"SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+                for (idx,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
                                            (table,)).fetchall():
                     conn.execute(f'DROP INDEX "{idx}"')
                 conn.execute(f'ALTER TABLE "{table}" DROP COLUMN "{col}"')
@@ -182,7 +182,8 @@ def make_variant(base: Path, out_dir: Path, seed: int) -> Variant:
         where = _flip(rng, out, lo, lo + PAGE, rng.choice([1, 3, 16, 64]))
         return Variant(f"{seed}:flip_table:{table}:{where}", out, True)
     if kind == "truncate":
-        cut = rng.choice([rng.randrange(0, 100), rng.randrange(100, size), (rng.randrange(1, max(2, size // PAGE))) * PAGE])
+        cut = rng.choice([rng.randrange(0, 100), rng.randrange(100, size),
+                          rng.randrange(1, max(2, size // PAGE)) * PAGE])
         with open(out, "r+b") as f:
             f.truncate(cut)
         return Variant(f"{seed}:truncate:{cut}", out, True)
@@ -207,4 +208,3 @@ def integrity_ok(path: Path) -> bool | None:
         return None
 
 
-Mutation = Callable[[random.Random, Path], str]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import memscope
-from faults.runs import LOOP, finish, integrity, report, start_attach, steps_recorded, text_report, tmpfs, bind, wait_steps
+from faults.runs import (LOOP, bind, finish, integrity, report, start_attach, steps_recorded, text_report,
+                         tmpfs, wait_steps)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
