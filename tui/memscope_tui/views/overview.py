@@ -19,11 +19,11 @@ from memscope_tui.views import View, matches
 from memscope_tui.widgets import StepRuler, fill_table, right
 
 _STATE_STYLE = {"live": "bold green", "finished": "green", "OOM": "bold red", "failed": "bold red",
-                "killed": "bold yellow"}
+                "killed": "bold yellow", "interrupted": "bold yellow", "abandoned": "bold yellow"}
 
 
 def run_state(s: RunSummary) -> str:
-    """live / finished / OOM / killed / failed: the word the header shows."""
+    """live / finished / OOM / killed / interrupted / failed / abandoned: the header's word."""
     if s.status == "running":
         return "live"
     if s.oom is not None and s.oom.kind == "oom":
