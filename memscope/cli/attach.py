@@ -177,8 +177,9 @@ def main(argv: Sequence[str]) -> int:
         if not recorded:  # the file still says running: it is this process's word that counts
             summary.status = f"{child.run_status} (not in the run file)"
         print(render_headless(summary), file=sys.stderr)
-    except RunFileError as exc:
-        print(f"memscope: warning: cannot summarise the run: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the training's exit status must come out, whatever
+        print(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}",
+              file=sys.stderr)
     if not args.headless and sys.stdout.isatty():
         print(f"memscope: explore it with: memscope report {db}", file=sys.stderr)
     return child.status
