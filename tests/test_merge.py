@@ -127,11 +127,17 @@ def test_bad_inputs_are_refused_in_one_line(nodes: tuple[Path, Path], tmp_path: 
     twin = tmp_path / "twin.db"
     shutil.copy(n0, twin)
     refused(str(out), str(n0), str(twin), says="rank 0 is in both")
-    # OUT exists: refused without --force, replaced with it; never an input
+    # OUT exists: refused without --force; --force replaces only a run file or an empty file
     out.write_text("precious")
     res = memscope("merge", str(out), str(n0), str(n1))
     assert res.returncode == 2 and "--force" in res.stderr and out.read_text() == "precious"
     res = memscope("merge", str(out), str(n0), str(n1), "--force")
+    assert res.returncode == 2 and "not a memscope run file" in res.stderr
+    assert out.read_text() == "precious"
+    out.write_text("")
+    res = memscope("merge", str(out), str(n0), str(n1), "--force")
+    assert res.returncode == 0, res.stderr
+    res = memscope("merge", str(out), str(n0), str(n1), "--force")  # a run file: replaced
     assert res.returncode == 0, res.stderr
     assert report_json(out)["ranks"][1]["rank"] == 1
     res = memscope("merge", str(n0), str(n0), str(n1), "--force")

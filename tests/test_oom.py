@@ -182,8 +182,7 @@ def test_sigkill_from_outside(tmp_path: Path) -> None:
         deadline = time.time() + 60
         while time.time() < deadline and pid is None:
             time.sleep(0.2)
-            try:
-                # read-only: a plain connect would create the file before attach does
+            try:  # read-only: a read-write connect would create the file before attach does
                 with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                     row = conn.execute("SELECT pid FROM processes").fetchone()
                     steps = conn.execute("SELECT count(*) FROM steps").fetchone()[0]

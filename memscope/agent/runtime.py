@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import socket
 import sqlite3
 import sys
@@ -22,14 +23,16 @@ import psutil
 import torch
 
 from memscope.agent import cuda
-from memscope.agent.config import AgentOptions, techniques_wanted
+from memscope.agent.config import ENV_SUPERVISOR, AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
 from memscope.agent.leak_collector import LeakCollector
 from memscope.agent.oom import OomRecorder, is_oom
 from memscope.agent.oom_hooks import alloc_conf
 from memscope.agent.sampler import SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.steps import StepTracker
+from memscope.agent.watchdog import SupervisorWatch
 from memscope.store.runs import finish_run, register_process
+from memscope.store.schema import RunFileError
 from memscope.store.writer import BUSY_TIMEOUT_S, RunWriter
 
 _DEVICE_RESCAN_S = 1.0
@@ -73,6 +76,7 @@ class Agent:
         self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
+        self._watch: SupervisorWatch | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -89,8 +93,12 @@ class Agent:
             "python": platform.python_version(),
             "options": self.options.to_json(),
             "started": time.time(),
+            "heartbeat": time.time(),
             "status": "running",
         })
+        # the writer stamps this row about every second: heartbeat, drop count, samples so far
+        self._writer.proc_id = self.proc_id
+        self._writer.samples = lambda: self.samples
         self._writer.start()
         self._tracker.install()
         self._tracker.on_error = self._backward_error
@@ -103,12 +111,28 @@ class Agent:
         self.running = True
         self._tick()  # a first sample at t0, before any training
         self._sampler.start()
+        supervisor = _env_int(ENV_SUPERVISOR)
+        if supervisor is not None and not self.owns_run:
+            self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
+            self._watch.start()
         self._layers_next(0)
+
+    def _supervisor_gone(self, pid: int) -> None:
+        """``memscope attach`` died without ending the run (SIGKILL): say so, flush, and end
+        this process too, as its direct child the kernel already would (PR_SET_PDEATHSIG)."""
+        try:
+            self.event("supervisor_gone", f"memscope attach (pid {pid}) died during the run; "
+                                          "the training was ended with it")
+            self._writer.close(timeout=2.0)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def stop(self) -> None:
         """Remove hooks, flush, and record how this process ended. Idempotent."""
         if not self.running:
             return
+        if self._watch is not None:
+            self._watch.stop()
         self._tracker.remove()
         self._layers_stop()
         if self._whatif is not None:
@@ -126,7 +150,10 @@ class Agent:
             self._nvml.close()
         self._finish_process_row()
         if self.owns_run:
-            finish_run(self.db, exit_code=None, signal=None, status="finished")
+            try:
+                finish_run(self.db, exit_code=None, signal=None, status="finished")
+            except RunFileError:
+                pass  # nothing to write it to; readers call the run abandoned once we are gone
 
     def disable_after_fork(self) -> None:
         """In a forked child (a DataLoader worker): inherited hooks become no-ops; no threads
@@ -405,15 +432,19 @@ class Agent:
                                        "data": json.dumps(data) if data is not None else None})
 
     def _finish_process_row(self) -> None:
+        conn = None
         try:
             conn = sqlite3.connect(self.db, timeout=BUSY_TIMEOUT_S)
             with conn:
+                now = time.time()
                 conn.execute(
                     "UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
-                    " step_mode = ?, device = ? WHERE id = ?",
-                    (time.time(), self.samples, self._writer.dropped, self._tracker.mode,
-                     self.device, self.proc_id),
+                    " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?",
+                    (now, self.samples, self._writer.dropped, self._tracker.mode,
+                     self.device, now, self.proc_id),
                 )
-            conn.close()
         except sqlite3.Error:
             pass  # the supervisor marks a process that never said goodbye as lost
+        finally:
+            if conn is not None:
+                conn.close()

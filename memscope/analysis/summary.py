@@ -56,6 +56,9 @@ class RunSummary:
     # the numbers are of; each {"technique", "applied", "message"}
     techniques: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
+    # why the record is incomplete, where it is: recording degraded (the writer's error and from
+    # when), the supervisor died, the end was never written, a -wal file holding part of the run
+    recording: list[str] = field(default_factory=list)
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -109,6 +112,7 @@ def summarize(reader: RunReader) -> RunSummary:
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
         techniques=_techniques(reader),
         ranks=rank_summaries(reader),
+        recording=recording_notes(reader, run),
     )
 
 
@@ -132,6 +136,24 @@ def _breakdown_at_failure(peak: Peak, oom: OomReport | None, main: int) -> None:
     peak.breakdown = parts
     peak.breakdown_step = oom.step
     peak.breakdown_at_failure = True
+
+
+_RECORDING_EVENTS = ("recording_degraded", "recording_recovered", "recording_incomplete",
+                     "supervisor_gone")
+
+
+def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:
+    """One line per thing that makes this record incomplete (empty for a clean run)."""
+    notes = [str(e["message"]).removeprefix("recording ") for e in reader.events()
+             if e["kind"] in _RECORDING_EVENTS and e["message"]]
+    if run.get("status") == "abandoned":
+        notes.append("abandoned: the run says running, but no process is left writing it "
+                     "(its supervisor and training were killed, or the end could not be written)")
+    wal = reader.wal_pending()
+    if wal and run.get("status") != "running":  # a live run's -wal is the writer's business
+        notes.append(f"{reader.path}-wal ({wal} bytes) belongs to this run file: copy or move "
+                     "both together")
+    return notes
 
 
 def _techniques(reader: RunReader) -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sqlite3
 import sys
 from typing import NoReturn, Sequence
 
@@ -62,12 +64,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(COMMANDS[args.command].run(args))
     except (CliError, RunFileError) as exc:
-        print(f"memscope: error: {exc}", file=sys.stderr)
+        print(f"memscope: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 1
     except KeyboardInterrupt:
         return 130
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        # a damaged file read past the reader's checks (a page that breaks mid-scan)
+        print(f"memscope: error: damaged run file ({type(exc).__name__}: {_one_line(exc)})",
+              file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"memscope: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a bug must still end in one line, not a traceback
+        if os.environ.get("MEMSCOPE_DEBUG"):
+            raise
+        print(f"memscope: internal error: {type(exc).__name__}: {_one_line(exc)} (a memscope bug; "
+              "MEMSCOPE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: SQLite quotes whole statements, newlines and all."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def entry() -> NoReturn:

@@ -13,8 +13,10 @@ from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.report.text import render_headless
 from memscope.store.reader import RunReader
-from memscope.store.runs import create_run, default_db_path, finish_run, prepare_path
-from memscope.runners.supervisor import LaunchError, child_environment, record_killed, resolve, run_child
+from memscope.store.runs import compact, create_run, default_db_path, discard_run, finish_run, prepare_path
+from memscope.store.schema import RunFileError
+from memscope.runners.supervisor import (LaunchError, check_module, child_environment, record_killed,
+                                         resolve, run_child, storage_problem)
 
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
@@ -116,11 +118,20 @@ def main(argv: Sequence[str]) -> int:
     except (ValueError, LaunchError) as exc:
         raise CliError(f"attach: {exc}") from None
 
+    if via_python and command[1:2] == ["-m"]:
+        try:
+            check_module(command[2])
+        except LaunchError as exc:
+            raise CliError(f"attach: {exc}") from None
     db = args.db or default_db_path(command)
     prepare_path(db, args.force)
     # As the user would type it: "python train.py ..." for a script, the command as given after --
     shown = ["python", *command[1:]] if via_python else list(command)
-    create_run(db, shown)
+    try:
+        create_run(db, shown)
+    except RunFileError as exc:
+        storage = storage_problem(db)
+        raise CliError(f"{exc}{f' ({storage})' if storage else ''}") from None
     env = child_environment(db, options.to_json(), command)
     # The dashboard in the foreground (a second process on the terminal) while this process
     # supervises the training as it does headless; q closes it and the training goes on.
@@ -135,23 +146,41 @@ def main(argv: Sequence[str]) -> int:
         else:
             print("memscope: no dashboard (pip install ./tui for memscope-tui); running headless",
                   file=sys.stderr)
+    contained = False
+    recorded = True
     try:
         try:
             child = run_child(command, env)
         except LaunchError as exc:
-            finish_run(db, exit_code=127, signal=None)
+            discard_run(db)  # nothing ran: no run file to leave behind
             raise CliError(f"attach: {exc}") from None
-        if child.signal is not None:
+        if child.signal is not None and child.run_status == "killed":
             record_killed(db, child.signal)
-        finish_run(db, child.exit_code, child.signal, ended=child.ended)
+        storage = storage_problem(db)
+        try:
+            contained = finish_run(db, child.exit_code, child.signal, ended=child.ended,
+                                   status=child.run_status, storage=storage)
+        except RunFileError as exc:  # the training's outcome stands; say what is missing
+            recorded = False
+            why = f" ({storage})" if storage else ""
+            print(f"memscope: warning: {exc}{why}; the run file is incomplete", file=sys.stderr)
     finally:
         if foreground is not None:
             foreground.stop()  # the dashboard now shows how it ended; wait for the user's q
     if foreground is not None:
         print(f"memscope: the training's output: {foreground.log_path}", file=sys.stderr)
+    if not contained:
+        compact(db)  # the dashboard held the file open until now, or the disk was full
 
-    with RunReader(db) as reader:
-        print(render_headless(summarize(reader)), file=sys.stderr)
+    try:
+        with RunReader(db) as reader:
+            summary = summarize(reader)
+        if not recorded:  # the file still says running: it is this process's word that counts
+            summary.status = f"{child.run_status} (not in the run file)"
+        print(render_headless(summary), file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the training's exit status must come out, whatever
+        print(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}",
+              file=sys.stderr)
     if not args.headless and sys.stdout.isatty():
         print(f"memscope: explore it with: memscope report {db}", file=sys.stderr)
     return child.status

@@ -56,18 +56,18 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
 
     for p in procs:
         pid = int(p["id"])
-        for t, rss in reader.conn.execute(
+        for t, rss in reader.rows(
                 "SELECT t, rss FROM samples WHERE proc = ? ORDER BY t", (pid,)):
             yield {"ph": "C", "name": "host RSS", "pid": pid, "tid": COUNTERS_TID, "ts": us(t),
                    "args": {"rss": int(rss)}}
-        for t, device, allocated, reserved in reader.conn.execute(
+        for t, device, allocated, reserved in reader.rows(
                 "SELECT t, device, allocated, reserved FROM cuda_samples WHERE proc = ?"
                 " ORDER BY device, t", (pid,)):
             args = {k: int(v) for k, v in (("allocated", allocated), ("reserved", reserved))
                     if v is not None}
             yield {"ph": "C", "name": f"cuda:{device} memory", "pid": pid, "tid": COUNTERS_TID,
                    "ts": us(t), "args": args}
-        for t, device, used in reader.conn.execute(
+        for t, device, used in reader.rows(
                 "SELECT t, device, used FROM nvml_samples WHERE proc = ? AND used IS NOT NULL"
                 " ORDER BY device, t", (pid,)):
             yield {"ph": "C", "name": f"cuda:{device} NVML used", "pid": pid, "tid": COUNTERS_TID,

@@ -40,15 +40,15 @@ def timeline_rows(reader: RunReader) -> Iterator[list[Any]]:
             return [_blank(rank), proc, f"{t - origin:.6f}", f"{t:.6f}", _blank(step),
                     _blank(phase), metric, device, int(value)]
 
-        for t, step, phase, rss in reader.conn.execute(
+        for t, step, phase, rss in reader.rows(
                 "SELECT t, step, phase, rss FROM samples WHERE proc = ? ORDER BY t", (proc,)):
             yield row(t, step, phase, "rss", "host", rss)
         for metric, column in (("cuda_allocated", "allocated"), ("cuda_reserved", "reserved")):
-            for t, device, value in reader.conn.execute(
+            for t, device, value in reader.rows(
                     f"SELECT t, device, {column} FROM cuda_samples WHERE proc = ?"
                     f" AND {column} IS NOT NULL ORDER BY device, t", (proc,)):
                 yield row(t, None, None, metric, f"cuda:{device}", value)
-        for t, device, used in reader.conn.execute(
+        for t, device, used in reader.rows(
                 "SELECT t, device, used FROM nvml_samples WHERE proc = ? AND used IS NOT NULL"
                 " ORDER BY device, t", (proc,)):
             yield row(t, None, None, "nvml_used", f"cuda:{device}", used)
@@ -76,11 +76,10 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     """Write one table (its own columns, rowid order) to ``out``; return the number of rows."""
     if table not in tables(reader):  # names come from sqlite_master only: nothing to inject
         raise ValueError(f"no table {table!r} in {reader.path}")
-    cur = reader.conn.execute(f'SELECT * FROM "{table}"')
     w = csv.writer(out, lineterminator="\n")
-    w.writerow([d[0] for d in cur.description])
+    w.writerow(reader.columns(table))
     n = 0
-    for r in cur:
+    for r in reader.rows(f'SELECT * FROM "{table}"', checked=False):  # the table as it is
         w.writerow([_blank(v) for v in r])
         n += 1
     return n

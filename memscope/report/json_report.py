@@ -30,6 +30,11 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
             "samples": s.samples,
             "started": iso(s.started),
             "ended": iso(s.ended),
+            # additive (DESIGN.md section 4): running | finished | failed | killed | interrupted
+            # | abandoned; rows the writer could not keep; why the record is incomplete
+            "status": s.status,
+            "dropped": s.dropped,
+            "recording": s.recording,
             # additive: techniques attach --try / whatif applied to the script (empty: none)
             "techniques": [{"technique": t["technique"], "applied": t["applied"]} for t in s.techniques],
         },

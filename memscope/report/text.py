@@ -26,7 +26,7 @@ def render_summary(s: RunSummary) -> str:
         f"run       {shlex.join(s.command)}",
         f"status    {ending}" + (f" · {s.cut_short}" if s.cut_short else ""),
         f"device    {s.device} · torch {s.torch or '?'} · {len(s.processes)} process(es)",
-        f"time      {clock(s.started)} → {clock(s.ended) if s.ended else 'still running'}{duration}",
+        f"time      {clock(s.started)} → {_end(s)}{duration}",
     ]
     for t in s.techniques:  # attach --try: the numbers below are of the changed training
         lines.append(f"{'applied' if t['applied'] else 'not applied':<9} {t['message']} (--try)")
@@ -37,6 +37,7 @@ def render_summary(s: RunSummary) -> str:
         step_line += f", median {s.median_step_s * 1000:.0f} ms/step"
     lines.append(step_line)
     lines.append(f"samples   {s.samples}" + (f" ({s.dropped} dropped)" if s.dropped else ""))
+    lines.extend(f"recording {note}" for note in s.recording)
     if s.peak.bytes is None:
         lines.append("peak      -")
     else:
@@ -75,6 +76,12 @@ def render_summary(s: RunSummary) -> str:
                      f"{lk.held_by or 'unknown'} (memscope leaks RUN.db)")
     lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)
+
+
+def _end(s: RunSummary) -> str:
+    if s.ended:
+        return clock(s.ended)
+    return "still running" if s.status == "running" else "never recorded"
 
 
 def render_suggestions(items: list[Suggestion], top: int = 5, indent: str = "  ") -> list[str]:
@@ -142,5 +149,8 @@ def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str
 def render_headless(s: RunSummary) -> str:
     peak = human_bytes(s.peak.bytes) if s.peak.bytes is not None else "-"
     step = f" at step {s.peak.step}" if s.peak.step is not None else ""
-    return (f"memscope: {s.path} · {s.steps} steps · peak {peak} "
+    line = (f"memscope: {s.path} · {s.steps} steps · peak {peak} "
             f"{_METRIC.get(s.peak.metric, s.peak.metric)}{step} · {s.status}")
+    if s.dropped:
+        line += f" · {s.dropped} rows dropped"
+    return "\n".join([line, *(f"memscope: recording {note}" for note in s.recording)])

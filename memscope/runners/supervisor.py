@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import memscope
-from memscope.agent.config import ENV_DB, ENV_OPTIONS, ENV_PATH, ENV_SKIP_CHILD_OF
+from memscope.agent.config import ENV_DB, ENV_OPTIONS, ENV_PATH, ENV_SKIP_CHILD_OF, ENV_SUPERVISOR
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(memscope.__file__)), "agent", "bootstrap")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -34,6 +34,17 @@ class ChildExit:
     exit_code: int | None  # None when killed by a signal
     signal: int | None
     ended: float
+    interrupted: bool = False  # a ^C (SIGINT) reached the run while it ran
+
+    @property
+    def run_status(self) -> str:
+        """The run's status word: ``interrupted`` for a run ended by ^C (the child died of
+        SIGINT, or caught KeyboardInterrupt and exited non-zero), else killed/finished/failed."""
+        if self.signal == signal.SIGINT or (self.interrupted and self.exit_code != 0):
+            return "interrupted"
+        if self.signal is not None:
+            return "killed"
+        return "finished" if self.exit_code == 0 else "failed"
 
     @property
     def status(self) -> int:
@@ -58,6 +69,7 @@ def child_environment(db: str, options_json: str, command: Sequence[str]) -> dic
     env[ENV_OPTIONS] = options_json
     env[ENV_PATH] = os.path.dirname(os.path.dirname(os.path.abspath(memscope.__file__)))
     env["MEMSCOPE_PYTHON"] = "%d.%d" % sys.version_info[:2]
+    env[ENV_SUPERVISOR] = str(os.getpid())  # the agents end their process if this one dies
     if is_launcher(command):
         env[ENV_SKIP_CHILD_OF] = str(os.getpid())
     else:
@@ -80,6 +92,54 @@ def resolve(command: Sequence[str]) -> list[str]:
     return list(command)
 
 
+def check_module(name: str, cwd: str | None = None) -> None:
+    """For ``attach -m NAME``: raise LaunchError when ``python -m NAME`` would fail with "No
+    module named", before a run file is created for it. Found as ``python -m`` would (the
+    working directory first), without importing or running anything; a package whose
+    ``__init__`` computes its own ``__path__`` is given the benefit of the doubt."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise LaunchError(f"no module named {name}")
+    search: list[str] | None = [cwd or os.getcwd(), *sys.path[1:]]
+    for i, part in enumerate(parts):
+        qual = ".".join(parts[: i + 1])
+        if i == 0 and (part in sys.builtin_module_names
+                       or importlib.machinery.FrozenImporter.find_spec(part) is not None):
+            return
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None:
+            raise LaunchError(f"no module named {qual}")
+        if i == len(parts) - 1:
+            if spec.submodule_search_locations is not None:  # a package runs its __main__
+                main = importlib.machinery.PathFinder.find_spec(
+                    "__main__", list(spec.submodule_search_locations))
+                if main is None and not _dynamic_path(spec):
+                    raise LaunchError(f"no module named {qual}.__main__; '{qual}' is a package "
+                                      "and cannot be directly executed")
+            return
+        if spec.submodule_search_locations is None:
+            raise LaunchError(f"no module named {'.'.join(parts[: i + 2])} ({qual} is not a package)")
+        if _dynamic_path(spec):
+            return
+        search = list(spec.submodule_search_locations)
+
+
+def _dynamic_path(spec: Any) -> bool:
+    """A package whose ``__init__`` extends its own ``__path__`` (pkgutil, pkg_resources):
+    where its submodules are cannot be told without running it."""
+    origin = getattr(spec, "origin", None)
+    if not origin or not str(origin).endswith(".py"):
+        return origin not in (None, "namespace") and not str(origin).endswith(".py")
+    try:
+        with open(origin, encoding="utf-8", errors="replace") as f:
+            return "__path__" in f.read()
+    except OSError:
+        return True
+
+
 def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
     if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
         return _run_linux(command, env)
@@ -91,30 +151,65 @@ def _run_linux(command: Sequence[str], env: dict[str, str]) -> ChildExit:
     each one, so a ^C the terminal already delivered to the child is not delivered twice."""
     watched = set(_FORWARDED) | {signal.SIGCHLD}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    interrupted = False
     try:
         try:
-            # The child gets our original mask, and inherits dispositions untouched.
-            pid = os.posix_spawnp(command[0], list(command), env, setsigmask=old_mask)
+            child = subprocess.Popen(list(command), env=env,
+                                     preexec_fn=_child_setup(old_mask, os.getpid()))
         except OSError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc.strerror}") from None
+        except subprocess.SubprocessError as exc:
+            raise LaunchError(f"cannot start {command[0]}: {exc}") from None
+        pid = child.pid
         while True:
             info = signal.sigtimedwait(watched, 0.5)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
             if info is not None and info.si_signo != signal.SIGCHLD:
+                interrupted = interrupted or info.si_signo == signal.SIGINT
                 if info.si_code != _SI_KERNEL:
                     try:
                         os.kill(pid, info.si_signo)
                     except ProcessLookupError:
                         pass
+        child.returncode = 0  # reaped above: Popen must not wait for it again
         ended = time.time()
         # Drain what arrived meanwhile, so unblocking does not raise KeyboardInterrupt here.
-        while signal.sigtimedwait(watched, 0) is not None:
-            pass
+        while (info := signal.sigtimedwait(watched, 0)) is not None:
+            interrupted = interrupted or info.si_signo == signal.SIGINT
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    return _exit_from_status(status, ended)
+    result = _exit_from_status(status, ended)
+    result.interrupted = interrupted
+    return result
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(mask: set[int | signal.Signals], parent: int) -> Any:
+    """What the child does between fork and exec: take the original signal mask back and ask
+    the kernel to SIGKILL it when this supervisor dies (a SIGKILLed ``memscope attach`` must
+    not leave the training running unsupervised under init, its run file saying ``running``).
+    Only the direct child: the agent in each instrumented process watches the supervisor too."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+        except (OSError, AttributeError):
+            prctl = None
+
+    def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent:  # the supervisor died before the request took
+                os._exit(128 + int(signal.SIGKILL))
+
+    return setup
 
 
 def _run_portable(command: Sequence[str], env: dict[str, str]) -> ChildExit:
@@ -142,6 +237,41 @@ def _exit_from_status(status: int, ended: float) -> ChildExit:
     if os.WIFSIGNALED(status):
         return ChildExit(None, os.WTERMSIG(status), ended)
     return ChildExit(os.WEXITSTATUS(status), None, ended)
+
+
+LOW_SPACE_BYTES = 256 * 1024  # less free than this beside a run file: the disk is the suspect
+
+
+def storage_problem(db: str) -> str | None:
+    """What is wrong with where the run file lives, if anything: a full disk, a read-only
+    file system, a directory or file this process may no longer write. Checked after the
+    child ended, to explain a record that stopped early (and to say it on stderr)."""
+    path = os.path.abspath(db)
+    parent = os.path.dirname(path)
+    try:
+        st = os.statvfs(parent)
+    except OSError as exc:
+        return f"cannot look at {parent} ({exc.strerror})"
+    if st.f_flag & getattr(os, "ST_RDONLY", 1):
+        return f"{parent} is on a read-only file system"
+    free = st.f_bavail * st.f_frsize
+    if free < LOW_SPACE_BYTES:
+        return f"the disk holding {parent} is full ({free // 1024} KiB free)"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the directory {parent} is not writable"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        limit = -1
+    if limit not in (-1, getattr(resource, "RLIM_INFINITY", -1)):
+        sizes = [os.path.getsize(path + s) for s in ("", "-wal") if os.path.exists(path + s)]
+        if sizes and max(sizes) + 64 * 1024 >= limit:
+            return f"the file size limit (ulimit -f) of {limit // 1024} KiB is reached"
+    return None
 
 
 OOM_KILLER_SHARE = 0.8  # last RSS above this share of the machine's memory: likely the OOM killer

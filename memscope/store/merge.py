@@ -26,7 +26,8 @@ from memscope.store.writer import close_for_copy, connect_rw
 
 # Tables handled by hand (or owned by the output file itself).
 _SPECIAL = {"run", "processes", "migrations"}
-_STATUS_RANK = {"finished": 0, "running": 1, "failed": 2, "killed": 3}
+_STATUS_RANK = {"finished": 0, "running": 1, "interrupted": 2, "failed": 2, "killed": 3,
+                "abandoned": 3}
 _CHUNK = 5000
 
 

@@ -6,28 +6,59 @@ import json
 import os
 import socket
 import sqlite3
+import stat
 import time
 from typing import Any
 
 from memscope import __version__
-from memscope.store.schema import RunFileError
+from memscope.store.schema import APPLICATION_ID, RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
 
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def is_run_file(path: str) -> bool:
+    """A regular file whose SQLite header carries memscope's application id."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError:
+        return False
+    return (len(head) == 100 and head.startswith(_SQLITE_MAGIC)
+            and int.from_bytes(head[68:72], "big") == APPLICATION_ID)
+
+
 def prepare_path(path: str, force: bool) -> None:
-    """Make sure a new run file can be created at ``path``; raise RunFileError with why not."""
+    """Make sure a new run file can be created at ``path``; raise RunFileError with why not.
+
+    ``force`` replaces only what is safe to replace: a memscope run file (with its -wal/-shm)
+    or an empty regular file. A symbolic link is refused, dangling or not: SQLite would write
+    through it to wherever it points, and the -wal beside the link would not be the target's.
+    """
+    if os.path.islink(path):
+        target = os.readlink(path)
+        raise RunFileError(f"{path}: is a symbolic link (to {target}); give the file's own path")
     if os.path.isdir(path):
         raise RunFileError(f"{path}: is a directory; give a file name with --db")
-    if os.path.exists(path):
+    if os.path.lexists(path):
         if not force:
             raise RunFileError(f"{path}: already exists; pass --force to overwrite it")
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            try:
-                os.remove(path + suffix)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise RunFileError(f"{path}: cannot overwrite ({exc.strerror})") from None
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise RunFileError(f"{path}: exists and is not a regular file; refusing to replace it")
+        if st.st_size and not is_run_file(path):
+            raise RunFileError(f"{path}: exists and is not a memscope run file; refusing to "
+                               "replace it (--force replaces only run files and empty files)")
+        _remove(path, ("", *_SIDE_FILES))
+    else:
+        orphans = [path + s for s in _SIDE_FILES if os.path.lexists(path + s)]
+        if orphans:
+            if not force:
+                raise RunFileError(f"{orphans[0]}: left from an earlier file named {path}; SQLite "
+                                   "would read it into the new run: remove it or pass --force")
+            _remove(path, _SIDE_FILES)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise RunFileError(f"{path}: directory {parent} does not exist")
@@ -35,23 +66,59 @@ def prepare_path(path: str, force: bool) -> None:
         raise RunFileError(f"{path}: directory {parent} is not writable")
 
 
+def _remove(path: str, suffixes: tuple[str, ...]) -> None:
+    for suffix in suffixes:
+        try:
+            os.remove(path + suffix)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise RunFileError(f"{path + suffix}: cannot remove it ({exc.strerror})") from None
+
+
 def create_run(path: str, command: list[str], started: float | None = None) -> None:
-    """Create the run file with its single run row (status ``running``)."""
+    """Create the run file with its single run row (status ``running``).
+
+    On failure nothing is left behind (the caller checked with :func:`prepare_path` that
+    nothing was there) and the error says what SQLite or the system said (disk full...)."""
     try:
         conn = connect_rw(path)
+        try:
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(
+                    "INSERT OR IGNORE INTO run (id, command, cwd, host, memscope_version, started,"
+                    " status, owner_pid) VALUES (1, ?, ?, ?, ?, ?, 'running', ?)",
+                    (json.dumps(command), os.getcwd(), socket.gethostname(), __version__,
+                     started or time.time(), os.getpid()),
+                )
+        finally:
+            conn.close()
     except (sqlite3.Error, OSError) as exc:
-        raise RunFileError(f"{path}: cannot create run file ({exc})") from None
-    try:
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT OR IGNORE INTO run (id, command, cwd, host, memscope_version, started, status)"
-                " VALUES (1, ?, ?, ?, ?, ?, 'running')",
-                (json.dumps(command), os.getcwd(), socket.gethostname(), __version__,
-                 started or time.time()),
-            )
-    finally:
-        conn.close()
+        _discard(path)
+        raise RunFileError(f"{path}: cannot create run file ({_reason(exc)})") from None
+    except BaseException:
+        _discard(path)
+        raise
+
+
+def discard_run(path: str) -> None:
+    """Remove a run file that recorded nothing (its command could not be started)."""
+    _discard(path)
+
+
+def _discard(path: str) -> None:
+    for suffix in ("", *_SIDE_FILES):
+        try:
+            os.remove(path + suffix)
+        except OSError:
+            pass
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def register_process(path: str, info: dict[str, Any]) -> int:
@@ -69,8 +136,15 @@ def register_process(path: str, info: dict[str, Any]) -> int:
 
 
 def finish_run(path: str, exit_code: int | None, signal: int | None,
-               ended: float | None = None, status: str | None = None) -> None:
-    """Record how the run ended; mark processes that never said goodbye as lost; compact."""
+               ended: float | None = None, status: str | None = None,
+               storage: str | None = None) -> bool:
+    """Record how the run ended; mark processes that never said goodbye as lost (with an event
+    saying when each was last heard from, and ``storage``: what the supervisor found wrong with
+    the disk, if anything); compact.
+
+    Returns whether the file is self-contained now (its -wal folded in; False while another
+    connection, a dashboard say, still holds it). Raises RunFileError (one line, the cause)
+    when the end cannot be recorded: a full disk, a read-only directory, a damaged file."""
     ended = ended or time.time()
     if status is not None:
         pass
@@ -80,34 +154,90 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
         status = "finished"
     else:
         status = "failed"
-    conn = connect_rw(path)
     try:
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "UPDATE run SET ended = ?, exit_code = ?, signal = ?, status = ? WHERE id = 1",
-                (ended, exit_code, signal, status),
-            )
-            conn.execute(
-                "UPDATE processes SET status = 'lost', ended = ? WHERE status = 'running'",
-                (ended,),
-            )
-        close_for_copy(conn)
+        conn = connect_rw(path)
+    except (sqlite3.Error, OSError, RunFileError) as exc:
+        raise RunFileError(f"{path}: cannot record the end of the run ({_reason(exc)})") from None
+    try:
+        try:
+            lost = _lost_writers(conn, storage)
+            with conn:  # what matters most first: an update of pages the file already has
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(
+                    "UPDATE run SET ended = ?, exit_code = ?, signal = ?, status = ? WHERE id = 1",
+                    (ended, exit_code, signal, status),
+                )
+                conn.execute(
+                    "UPDATE processes SET status = 'lost', ended = ? WHERE status = 'running'",
+                    (ended,),
+                )
+        except sqlite3.Error as exc:
+            raise RunFileError(f"{path}: cannot record the end of the run ({_reason(exc)})") from None
+        try:  # then why the record is incomplete, if it is (new rows: may not fit on a full disk)
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                for message, data in lost:
+                    conn.execute("INSERT INTO events (proc, t, step, kind, message, data)"
+                                 " VALUES (?, ?, NULL, 'recording_incomplete', ?, ?)",
+                                 (data.get("proc"), ended, message, json.dumps(data)))
+        except sqlite3.Error:
+            pass
+        return close_for_copy(conn)
+    finally:
+        conn.close()
+
+
+def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """One event per process that never wrote its end: when it was last heard from, and why
+    that may be (the disk). A process that ended by a signal never says goodbye either: the
+    ``killed`` event tells that story, so this stays quiet unless the disk is the suspect."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    rows = conn.execute("SELECT id, pid, heartbeat, dropped FROM processes WHERE status = 'running'").fetchall()
+    for proc, pid, beat, dropped in rows:
+        if storage is None:
+            continue
+        when = time.strftime("%H:%M:%S", time.localtime(beat)) if isinstance(beat, (int, float)) else "?"
+        out.append((f"recording of pid {pid} stopped early: its last write was at {when}; {storage}",
+                    {"proc": proc, "pid": pid, "last_heartbeat": beat, "dropped": dropped,
+                     "storage": storage}))
+    if storage is not None and not out:
+        lost = conn.execute("SELECT coalesce(sum(dropped), 0) FROM processes").fetchone()[0]
+        if lost:
+            out.append((f"recording incomplete ({lost} rows dropped): {storage}",
+                        {"storage": storage, "dropped": lost}))
+    return out
+
+
+def compact(path: str) -> bool:
+    """Fold a finished run's -wal into the file (after the last reader let go); best effort."""
+    if not os.path.exists(path + "-wal"):
+        return True
+    try:
+        conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        return close_for_copy(conn)
     finally:
         conn.close()
 
 
 def default_db_path(command: list[str], now: float | None = None) -> str:
-    """``memscope-<script>-<YYYYmmdd-HHMMSS>.db`` in the working directory."""
+    """``memscope-<script>-<YYYYmmdd-HHMMSS>.db`` in the working directory (the module's name
+    for ``python -m pkg.train``)."""
     stem = "run"
-    for word in command:
+    for i, word in enumerate(command):
         base = os.path.basename(word)
+        if word == "-m" and i + 1 < len(command) and i > 0:
+            stem = command[i + 1]
+            break
         if base.endswith(".py"):
             stem = base[:-3]
             break
     else:
         if command:
             stem = os.path.basename(command[0]) or "run"
+    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in stem) or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     path = f"memscope-{stem}-{stamp}.db"
     n = 1

@@ -7,10 +7,11 @@ The run file is the contract between the agent (writer) and every reader. Its ve
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -176,9 +177,17 @@ ALTER TABLE leak_holders ADD COLUMN module TEXT;      -- the module whose forwar
 """
 
 
+# Version 5 (issue #16, recording that survives faults): who is still writing. A reader tells a
+# live run from an abandoned one by the writers' heartbeat and, on the same host, by their pids.
+_V5 = """
+ALTER TABLE processes ADD COLUMN heartbeat REAL;  -- unix seconds of its writer's latest stamp (about 1/s)
+ALTER TABLE run ADD COLUMN owner_pid INTEGER;     -- who finishes the run: attach, or the script (memscope.start)
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -209,6 +218,47 @@ def check_version(conn: sqlite3.Connection, path: str) -> int:
     return ver
 
 
+@functools.lru_cache(maxsize=None)
+def expected_tables(version: int) -> dict[str, dict[str, tuple[str, bool]]]:
+    """The tables a file of ``version`` has: {table: {column: (declared type, not null)}},
+    from the migrations themselves (an in-memory file migrated that far)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        for target in range(min(version, SCHEMA_VERSION)):
+            for statement in _split_statements(MIGRATIONS[target]):
+                mem.execute(statement)
+        return {t: {r[1]: (str(r[2]).upper(), bool(r[3]))
+                    for r in mem.execute(f"PRAGMA table_info({t})")}
+                for (t,) in mem.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        mem.close()
+
+
+def check_tables(conn: sqlite3.Connection, path: str, version: int) -> None:
+    """Raise RunFileError unless the file has every table and column its version promises:
+    a version-4 file without ``layer_stats`` is damaged, not an older file."""
+    have: dict[str, dict[str, tuple[str, bool]]] = {}
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+        if isinstance(name, str):
+            quoted = name.replace('"', '""')
+            have[name] = {r[1]: (str(r[2]).upper(), bool(r[3]))
+                          for r in conn.execute(f'PRAGMA table_info("{quoted}")')}
+    for table, columns in expected_tables(version).items():
+        if table not in have:
+            raise RunFileError(f"{path}: damaged run file: schema {version} has a {table} table, "
+                               "this file has none")
+        missing = sorted(set(columns) - set(have[table]))
+        if missing:
+            raise RunFileError(f"{path}: damaged run file: table {table} lacks column(s) "
+                               f"{', '.join(missing)} of schema {version}")
+        for column, (declared, notnull) in columns.items():
+            if have[table][column] != (declared, notnull):
+                # SQLite enforces types and NOT NULL as declared: a file whose declarations
+                # changed was not written by memscope, and its values cannot be trusted
+                raise RunFileError(f"{path}: damaged run file: column {table}.{column} is not "
+                                   f"declared as schema {version} declares it")
+
+
 def migrate(conn: sqlite3.Connection, path: str = "run file") -> None:
     """Bring a writable connection's file to SCHEMA_VERSION (creating it when empty).
 
@@ -227,6 +277,8 @@ def migrate(conn: sqlite3.Connection, path: str = "run file") -> None:
             raise RunFileError(
                 f"{path}: written by a newer memscope (schema {ver} > {SCHEMA_VERSION})"
             )
+        if ver:
+            check_tables(conn, path, ver)
         for target in range(ver, SCHEMA_VERSION):
             for statement in _split_statements(MIGRATIONS[target]):
                 conn.execute(statement)
@@ -236,7 +288,13 @@ def migrate(conn: sqlite3.Connection, path: str = "run file") -> None:
             conn.execute(f"PRAGMA user_version = {target + 1}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # after SQLITE_FULL / an I/O error SQLite may have rolled back already: a second
+        # ROLLBACK would hide the real error behind "no transaction is active"
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
         raise
 
 

@@ -1,8 +1,17 @@
 """Writing side of a run file: connection set-up and the batching writer thread.
 
-Training code only ever calls ``RunWriter.put``: a non-blocking enqueue that counts a drop
-instead of waiting when the queue is full. One background thread drains the queue and commits a
-WAL transaction at least every ``flush_interval`` seconds.
+Training code only ever calls ``RunWriter.insert`` / ``execute``: a non-blocking enqueue. One
+background thread drains the queue and commits a WAL transaction at least every
+``flush_interval`` seconds.
+
+What may be lost and what may not: the run's structure (steps, events, inventories, layer rows,
+OOM records, process status) is never shed. A failed batch is retried; a batch that fails on one
+bad row is split until the row is found, and only that row is refused; a batch that cannot be
+written at all (disk full, read-only, locked for longer than the busy timeout) keeps its
+structure rows for the next attempt and sheds its memory samples. Only samples are bounded by
+the queue (the disk is slow: count and move on). Every loss is counted in ``dropped`` and
+explained by a ``recording_degraded`` event (the error, from when) as soon as the file takes
+writes again; the count is kept current in the process row with the heartbeat.
 
 This runs inside the training process, so it uses the standard library's sqlite3 only: the
 sqlite-utils import (about 0.1 s, numpy and dateutil included) would land on every run's start.
@@ -11,26 +20,32 @@ sqlite-utils import (about 0.1 s, numpy and dateutil included) would land on eve
 from __future__ import annotations
 
 import functools
+import json
 import queue
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from memscope.store.schema import migrate
 
 BUSY_TIMEOUT_S = 10.0
+HEARTBEAT_S = 1.0  # how often a live writer stamps its process row (and the current drop count)
+# Tables whose rows may be shed under back-pressure: periodic readings, not the run's structure.
+SAMPLE_TABLES = frozenset({"samples", "cuda_samples", "nvml_samples"})
+RETRY_S = (0.05, 0.2, 0.5, 1.0, 2.0)  # waits between attempts while the file refuses writes
+DEGRADED_CHUNK = 64  # rows per transaction while the file refuses writes
+MAX_REPORTS = 50  # recording_degraded events per run at most (one per distinct reason)
 
 
-def connect_rw(path: str) -> sqlite3.Connection:
+def connect_rw(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open (creating if needed) a run file for writing, migrated to the current schema."""
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
                            check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: commits do not fsync, so the training never waits on the disk.
-        conn.execute("PRAGMA synchronous=NORMAL")
+        tune(conn)
         migrate(conn, path)
     except BaseException:
         conn.close()
@@ -38,15 +53,41 @@ def connect_rw(path: str) -> sqlite3.Connection:
     return conn
 
 
-def close_for_copy(conn: sqlite3.Connection) -> None:
+WAL_PAGES = 256  # checkpoint the -wal into the file at about 1 MiB (SQLite's default: 4 MiB)
+
+
+def tune(conn: sqlite3.Connection) -> None:
+    """Settings of every writing connection. NORMAL in WAL mode: commits do not fsync, so the
+    training never waits on the disk. A small -wal: every commit rewrites the same few leaf
+    pages into it, so on a small or nearly full disk a 4 MiB -wal would hold mostly stale
+    copies where the rows could be; after each checkpoint it is cut back to that size."""
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
+
+
+def close_for_copy(conn: sqlite3.Connection) -> bool:
     """Checkpoint and leave WAL mode so the finished run is one self-contained file.
 
-    Only succeeds when no other connection holds the file; a live run stays in WAL.
+    Only succeeds when no other connection holds the file (a live run, a dashboard still open)
+    and the disk has room for the checkpoint. Returns whether the file is self-contained now.
     """
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        conn.execute("PRAGMA journal_mode=DELETE")
-    except sqlite3.OperationalError:
+        mode = conn.execute("PRAGMA journal_mode=DELETE").fetchone()
+        return bool(mode) and str(mode[0]).lower() == "delete"
+    except sqlite3.Error:
+        return False
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open: after SQLITE_FULL or an I/O error SQLite may
+    have rolled it back itself, and a second ROLLBACK would replace the real error with
+    "cannot rollback - no transaction is active"."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error:
         pass
 
 
@@ -55,11 +96,17 @@ class _Insert:
     table: str
     row: dict[str, Any]
 
+    @property
+    def sheddable(self) -> bool:
+        return self.table in SAMPLE_TABLES
+
 
 @dataclass
 class _Exec:
     sql: str
     params: Sequence[Any]
+    meta: bool = False  # the writer's own bookkeeping (heartbeat): never counted as a drop
+    sheddable = False
 
 
 _STOP = object()
@@ -72,87 +119,321 @@ def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
             f"VALUES ({', '.join('?' for _ in columns)})")
 
 
-class RunWriter:
-    """Background writer owning one connection to the run file."""
+class _FileRefused(Exception):
+    """The whole file refused the write (full, read-only, locked): no row is to blame."""
 
-    def __init__(self, path: str, max_queue: int = 20000, flush_interval: float = 0.25) -> None:
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class RunWriter:
+    """Background writer owning one connection to the run file.
+
+    ``max_queue`` bounds the samples waiting to be written (the rest are dropped and counted);
+    structure rows wait however long the disk needs, up to ``max_pending`` (a guard for the
+    training's own memory: beyond it they are counted as dropped too).
+    """
+
+    def __init__(self, path: str, max_queue: int = 20000, flush_interval: float = 0.25,
+                 max_pending: int | None = None, busy_timeout: float = BUSY_TIMEOUT_S,
+                 on_connect: Callable[[sqlite3.Connection], None] | None = None) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
+        # called with every connection the writer opens (the fault-injection tests use it to
+        # make a real connection refuse: PRAGMA query_only, max_page_count)
+        self.on_connect = on_connect
         self.flush_interval = flush_interval
-        self.dropped = 0
+        self.max_queue = max_queue
+        self.max_pending = max_pending if max_pending is not None else max(2 * max_queue, 10000)
+        self.dropped = 0  # rows not kept: samples shed, refused rows, structure past max_pending
+        self.dropped_structure = 0  # of which structure rows (should stay 0)
         self.written = 0
         self.error: str | None = None  # set when the file cannot be opened at all
-        self.last_error: str | None = None  # the latest failed batch, if any
-        self._q: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        self.last_error: str | None = None  # the latest write error, if any
+        self.degraded_since: float | None = None  # when the current write failures began
+        self.proc_id: int | None = None  # set once the process row exists: heartbeat, events
+        self.samples: Callable[[], int] | None = None  # the agent's sample count, for the heartbeat
+        self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queued_samples = 0
+        self._queued_structure = 0
+        self._lock = threading.Lock()  # counters shared by the training and sampler threads
         self._thread: threading.Thread | None = None
+        self._pending: list[object] = []  # structure rows a failed attempt kept for the next
+        self._conn: sqlite3.Connection | None = None
+        self._reported: str | None = None  # the drop reason last written in an event
+        self._reports = 0
+        self._beating = True  # False once the file turned the heartbeat down (an old schema)
+        self._drop_reason: str | None = None  # why the latest rows were dropped
+        self._drop_since: float | None = None
+        self._beat_at = 0.0
+        self._retry = 0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="memscope-writer", daemon=True)
         self._thread.start()
 
     def insert(self, table: str, row: dict[str, Any]) -> bool:
-        """Queue a row; never blocks. Returns False (and counts a drop) when the queue is full."""
+        """Queue a row; never blocks. Returns False (and counts a drop) when it cannot be kept."""
         return self._put(_Insert(table, row))
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> bool:
         """Queue a statement (an UPDATE, say), applied in order with the inserts."""
         return self._put(_Exec(sql, params))
 
-    def _put(self, item: object) -> bool:
-        if self.error is not None:
-            self.dropped += 1
-            return False
-        try:
-            self._q.put_nowait(item)
-            return True
-        except queue.Full:
-            self.dropped += 1
-            return False
+    def _put(self, item: _Insert | _Exec) -> bool:
+        sheddable = item.sheddable
+        with self._lock:
+            if self.error is not None:
+                self._count_drop(sheddable, self.error)
+                return False
+            if sheddable:
+                if self._queued_samples >= self.max_queue:
+                    self._count_drop(True, "writer queue full (the disk is slower than the samples)")
+                    return False
+                self._queued_samples += 1
+            else:
+                if self._queued_structure >= self.max_pending:
+                    self._count_drop(False, "writer queue full (the disk has not taken a write "
+                                            "for a long time)")
+                    return False
+                self._queued_structure += 1
+        self._q.put_nowait(item)
+        return True
+
+    def _count_drop(self, sheddable: bool, reason: str, n: int = 1) -> None:
+        self.dropped += n
+        if not sheddable:
+            self.dropped_structure += n
+        if self._drop_reason != reason or self._drop_since is None:
+            self._drop_reason = reason
+            self._drop_since = time.time()
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush what is queued and stop the thread (bounded wait)."""
         if self._thread is None:
             return
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._q.put(_STOP, timeout=0.1)
-                break
-            except queue.Full:
-                if time.monotonic() > deadline or not self._thread.is_alive():
-                    break
+        self._q.put_nowait(_STOP)
         self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
 
+    # -- the writer thread ---------------------------------------------------------------------
+
     def _run(self) -> None:
         try:
-            conn = connect_rw(self.path)
+            self._conn = connect_rw(self.path, self.busy_timeout)
+            if self.on_connect is not None:
+                self.on_connect(self._conn)
         except Exception as exc:  # the agent reads .error and disables itself
-            self.error = f"cannot open run file: {exc}"
+            with self._lock:
+                self.error = f"cannot open run file: {exc}"
             return
+        try:
+            self._loop()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _loop(self) -> None:
         stopping = False
         while not stopping:
-            batch: list[object] = []
-            deadline = time.monotonic() + self.flush_interval
-            while True:
-                remaining = deadline - time.monotonic()
+            wait = self.flush_interval if not self._pending else RETRY_S[min(self._retry, len(RETRY_S) - 1)]
+            batch, stopping = self._drain(wait)
+            self._attempt(batch, final=stopping)
+        if self._pending or self._reported != self._drop_reason:
+            self._attempt([], final=True)  # last try: the file may have room again
+        if self._pending:  # never written: count them so the process row says so
+            with self._lock:
+                self._count_drop(False, self.last_error or "write failed", len(self._pending))
+            self._pending = []
+
+    def _drain(self, wait: float) -> tuple[list[object], bool]:
+        batch: list[object] = []
+        deadline = time.monotonic() + wait
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._q.get(timeout=remaining) if remaining > 0 else self._q.get_nowait()
+            except queue.Empty:
+                return batch, False
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+
+    def _attempt(self, batch: list[object], final: bool) -> None:
+        """Write the pending structure rows, ``batch``, the drop report and the heartbeat.
+        Never raises: the writer thread must outlive any error."""
+        n_samples = sum(1 for it in batch if getattr(it, "sheddable", False))
+        with self._lock:
+            self._queued_samples -= n_samples
+            self._queued_structure -= len(batch) - n_samples
+        items = self._pending + batch
+        self._pending = []
+        now = time.time()
+        report = self._report_rows(now)
+        meta: list[object] = []
+        if self._beating and (final or now - self._beat_at >= HEARTBEAT_S):
+            beat = self._heartbeat_row(now)
+            if beat is not None:
+                meta.append(beat)
+        if not items and not report and not meta:
+            return
+        try:
+            # the reason and the heartbeat first: when the disk is nearly full, the small
+            # transaction that says why may fit where the rows no longer do
+            left, refusal = self._write_all(report + meta, items)
+        except Exception as exc:  # noqa: BLE001 - a bug here must not end the recording
+            left, refusal = report + meta + items, exc
+        own = {id(it) for it in report + meta}
+        if report and not any(id(it) in own for it in left):  # the event is in the file
+            self._reported = self._drop_reason
+            self._reports += 1
+        if meta and not any(id(it) in own for it in left):
+            self._beat_at = now
+        if refusal is not None:
+            self._refused(refusal, [it for it in left if id(it) not in own])  # those: made afresh
+            return
+        if self.degraded_since is not None:
+            self._recovered(now)
+
+    def _refused(self, exc: BaseException, items: list[object]) -> None:
+        """The file took none of ``items``: keep the structure for the next attempt, shed the
+        samples, and start the next attempt on a fresh connection."""
+        error = exc.error if isinstance(exc, _FileRefused) else exc
+        message = _describe(error) if isinstance(error, sqlite3.Error) else f"{type(error).__name__}: {error}"
+        if self.degraded_since is None:
+            self.degraded_since = time.time()
+        self.last_error = message
+        conn = self._conn
+        if conn is not None and "full" in message:
+            try:  # a checkpoint folds the WAL into the file and may free room
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+        self._reconnect()
+        self._retry += 1
+        keep = [it for it in items if not getattr(it, "sheddable", False)]
+        shed = len(items) - len(keep)
+        with self._lock:
+            if shed:
+                self._count_drop(True, message, shed)
+            if len(keep) > self.max_pending:
+                self._count_drop(False, message, len(keep) - self.max_pending)
+                keep = keep[-self.max_pending:]
+        self._pending = keep
+
+    def _recovered(self, now: float) -> None:
+        since = self.degraded_since or now
+        self.degraded_since = None
+        self._retry = 0
+        self._pending.insert(0, _Insert("events", self._event_row(
+            "recording_recovered",
+            f"the run file takes writes again after {now - since:.1f} s of errors ({self.last_error})",
+            {"since": since, "until": now, "error": self.last_error, "dropped": self.dropped})))
+
+    def _report_rows(self, now: float) -> list[object]:
+        """An event for a drop reason not yet in the file (one per reason, with its start)."""
+        reason = self._drop_reason
+        if reason is None or self._reported == reason or self._reports >= MAX_REPORTS:
+            return []
+        since = self._drop_since or now
+        what = "memory samples" if self.dropped_structure == 0 else "rows"
+        message = (f"recording degraded from {time.strftime('%H:%M:%S', time.localtime(since))}: "
+                   f"{what} dropped ({reason})")
+        data = {"error": reason, "since": since, "dropped": self.dropped,
+                "dropped_structure": self.dropped_structure}
+        return [_Insert("events", self._event_row("recording_degraded", message, data))]
+
+    def _event_row(self, kind: str, message: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"proc": self.proc_id, "t": time.time(), "step": None, "kind": kind,
+                "message": message, "data": json.dumps(data)}
+
+    def _heartbeat_row(self, now: float) -> object | None:
+        if self.proc_id is None:
+            return None
+        try:
+            samples = self.samples() if self.samples is not None else None
+        except Exception:
+            samples = None
+        return _Exec("UPDATE processes SET heartbeat = ?, dropped = ?,"
+                     " samples = coalesce(?, samples) WHERE id = ?",
+                     (now, self.dropped, samples, self.proc_id), meta=True)
+
+    # -- transactions --------------------------------------------------------------------------
+
+    def _reconnect(self) -> None:
+        """After a refusal the connection may be left in a state SQLite calls misuse; the
+        next attempt opens a fresh one (opening is itself an attempt: it may fail too)."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+        self._conn = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            try:
+                conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
+                                       check_same_thread=False)
+                tune(conn)
+                if self.on_connect is not None:
+                    self.on_connect(conn)
+            except sqlite3.Error as exc:
+                raise _FileRefused(exc) from None
+            self._conn = conn
+        return self._conn
+
+    def _write_all(self, first: list[object], items: list[object]) -> tuple[list[object], BaseException | None]:
+        """Write ``first`` then ``items``, in order. A chunk the database rejects for one bad
+        row is halved until the row is found; that row alone is dropped (counted, explained).
+        When the file itself refuses (after one quick retry), returns the items not yet
+        committed and why."""
+        if self.degraded_since is None:
+            todo: list[list[object]] = [first + items]
+        else:
+            # after a refusal: the reason and the heartbeat alone first (an event and an
+            # update may fit in pages the file already has when new rows no longer do), then
+            # small transactions, so what fits is kept
+            todo = [items[i:i + DEGRADED_CHUNK] for i in range(0, len(items), DEGRADED_CHUNK)][::-1]
+            if first:
+                todo.append(first)
+        while todo:
+            chunk = todo.pop()
+            try:
                 try:
-                    item = self._q.get(timeout=max(remaining, 0.001)) if remaining > 0 else self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            if batch:
-                try:
-                    self._write(conn, batch)
-                except Exception as exc:  # disk full, locked for too long: count, keep going
-                    self.dropped += len(batch)
-                    self.last_error = str(exc)
-        conn.close()
+                    self._write(self._connection(), chunk)
+                except _FileRefused:
+                    time.sleep(RETRY_S[0])
+                    self._reconnect()
+                    self._write(self._connection(), chunk)
+            except _FileRefused as exc:
+                return chunk + [it for rest in reversed(todo) for it in rest], exc
+            except _RowRejected as exc:
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    todo.append(chunk[half:])
+                    todo.append(chunk[:half])
+                else:
+                    self._rejected(chunk[0], str(exc))
+        return [], None
+
+    def _rejected(self, item: object, error: str) -> None:
+        if getattr(item, "meta", False):
+            self._beating = False  # the file has no heartbeat column: stop stamping
+            return
+        table = item.table if isinstance(item, _Insert) else "statement"
+        with self._lock:
+            self._count_drop(getattr(item, "sheddable", False), f"a {table} row was refused: {error}")
+        self.last_error = error
 
     def _write(self, conn: sqlite3.Connection, batch: list[object]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _FileRefused(exc) from None
+        written = 0
         try:
             i = 0
             while i < len(batch):
@@ -167,15 +448,48 @@ class RunWriter:
                                 and tuple(nxt.row) == cols):
                             break
                         j += 1
-                    conn.executemany(_insert_sql(item.table, cols),
-                                     [tuple(b.row.values()) for b in batch[i:j]])  # type: ignore[union-attr]
-                    self.written += j - i
+                    rows = [tuple(b.row.values()) for b in batch[i:j] if isinstance(b, _Insert)]
+                    conn.executemany(_insert_sql(item.table, cols), rows)
+                    written += j - i
                     i = j
                 else:
                     assert isinstance(item, _Exec)
                     conn.execute(item.sql, item.params)
                     i += 1
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        except (sqlite3.OperationalError, sqlite3.InterfaceError) as exc:
+            # InterfaceError is SQLITE_MISUSE: a connection left unusable (after a disk-full
+            # error, say), never one row's fault (a value it cannot bind is ProgrammingError)
+            rollback_quietly(conn)
+            if isinstance(exc, sqlite3.InterfaceError) or _is_file_level(exc):
+                raise _FileRefused(exc) from None
+            raise _RowRejected(str(exc)) from None
+        except Exception as exc:  # IntegrityError, a value SQLite cannot bind: one row's fault
+            rollback_quietly(conn)
+            raise _RowRejected(f"{type(exc).__name__}: {exc}") from None
+        self.written += written
+
+
+class _RowRejected(Exception):
+    """The batch holds a row (or statement) the database will not take."""
+
+
+_FILE_LEVEL = ("full", "readonly", "read-only", "locked", "busy", "disk i/o", "i/o error",
+               "unable to open", "no such table", "malformed", "not a database", "out of memory",
+               "interrupted", "no more rows", "cannot commit", "file")
+
+
+def _is_file_level(exc: sqlite3.Error) -> bool:
+    """OperationalError covers both a refusing file (full, read-only, locked: retry later)
+    and a bad statement; only the first kind is worth keeping rows for."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        # SQLITE_ERROR (1): a bad statement; everything else is the file or the system
+        return (code & 0xFF) != 1
+    text = str(exc).lower()
+    return any(word in text for word in _FILE_LEVEL)
+
+
+def _describe(exc: sqlite3.Error) -> str:
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)

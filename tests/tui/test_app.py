@@ -207,3 +207,24 @@ async def test_unreadable_file_is_reported_not_fatal(tmp_path: Path) -> None:
         assert "not a memscope run file" in app.last_error
         assert app.is_running and app.loads == 0
         assert text_of(app, "#caption") == "reading run file…"
+
+
+async def test_abandoned_run_is_not_polled(tmp_path: Path) -> None:
+    # a run whose supervisor died without ending it (SIGKILL): the file says running, no
+    # writer is left; the dashboard says abandoned, shows the live drop count, stops reading
+    db = tmp_path / "abandoned.db"
+    create_run(str(db), ["python", "train.py"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE run SET owner_pid = ?", (gone.pid,))
+        conn.execute("INSERT INTO processes (pid, started, status, dropped, heartbeat)"
+                     " VALUES (?, 0, 'running', 12, 0)", (gone.pid,))
+    app = MemscopeApp(str(db), poll_s=0.1)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.pause(0.5)
+        assert app.loads == 1 and not app.live  # read once, then no polling
+        assert text_of(app, "#status").startswith("abandoned · no writer left")
+        assert "12 dropped" in text_of(app, "#status")
+        assert "not refreshing" in text_of(app, "#state")

@@ -198,6 +198,9 @@ class MemscopeApp(App[int]):
         if was_live and not self.live and self.attached:
             self.notify(f"training ended: {run_state(snap.summary)}; q closes the dashboard",
                         timeout=10)
+        elif was_live and snap.summary.status == "abandoned":
+            self.notify("no process is left writing this run (killed?): stopped refreshing",
+                        title="run abandoned", severity="warning", timeout=10)
         self._loaded()
 
     def on_memscope_app_load_failed(self, message: MemscopeApp.LoadFailed) -> None:
@@ -226,6 +229,8 @@ class MemscopeApp(App[int]):
         parts = [state]
         if self.live:  # the refresh cost; a finished run is read once (and snapshots stay fixed)
             parts.append(f"read in {snap.read_s * 1000:.0f} ms every {self.poll_s:g} s")
+        elif s.status == "abandoned":
+            parts.append("no process is left writing it: not refreshing")
         if self.filter_text:
             parts.append(f"filter: {self.filter_text}")
         if self.attached and self.live:

@@ -19,11 +19,11 @@ from memscope_tui.views import View, matches
 from memscope_tui.widgets import StepRuler, fill_table, right
 
 _STATE_STYLE = {"live": "bold green", "finished": "green", "OOM": "bold red", "failed": "bold red",
-                "killed": "bold yellow"}
+                "killed": "bold yellow", "interrupted": "bold yellow", "abandoned": "bold yellow"}
 
 
 def run_state(s: RunSummary) -> str:
-    """live / finished / OOM / killed / failed: the word the header shows."""
+    """live / finished / OOM / killed / interrupted / failed / abandoned: the header's word."""
     if s.status == "running":
         return "live"
     if s.oom is not None and s.oom.kind == "oom":
@@ -39,9 +39,11 @@ def status_text(s: RunSummary, now: Callable[[], float] = time.time) -> Text:
         text.append(f" (signal {s.signal})")
     elif s.exit_code is not None:
         text.append(f" (exit {s.exit_code})")
-    if s.started is not None:
+    if s.started is not None and (s.ended is not None or s.status == "running"):
         end = s.ended if s.ended is not None else now()
         text.append(f" · {end - s.started:.1f} s")
+    elif s.status == "abandoned":
+        text.append(" · no writer left")
     text.append(f" · {s.steps} steps · {s.samples} samples · ")
     text.append(f"{s.dropped} dropped", style="bold yellow" if s.dropped else "")
     return text
