@@ -172,7 +172,7 @@ CREATE TABLE leak_holders (
 _V4 = """
 ALTER TABLE layer_stats ADD COLUMN backward_s REAL;   -- time in its backward, children included (NULL: not measured)
 ALTER TABLE layer_stats ADD COLUMN alloc_delta INTEGER; -- CUDA: allocated bytes after its forward minus before
-ALTER TABLE layer_stats ADD COLUMN alloc_peak INTEGER;  -- CUDA: highest allocated bytes seen inside its forward, minus before
+ALTER TABLE layer_stats ADD COLUMN alloc_peak INTEGER;  -- CUDA: highest allocated inside its forward, minus before
 ALTER TABLE leak_holders ADD COLUMN module TEXT;      -- the module whose forward produced the group's tensors, or NULL
 """
 
