@@ -25,6 +25,9 @@ CASES = {
     "mlp_b2048": [*MLP, "--batch", "2048"],
     # weights dominate: autocast's bf16 weight copies outweigh the halved activations
     "mlp_b256": [*MLP, "--batch", "256"],
+    # a CNN: feature maps are nearly all of it; BatchNorm after a convolution saves 16-bit
+    # tensors under autocast; the first, widest segments set checkpointing's backward peak
+    "cnn": [str(EXAMPLES / "scenarios" / "cnn.py")],
 }
 
 
@@ -57,7 +60,8 @@ def test_estimate_is_within_25_percent_of_the_measured_saving(whatif: tuple[str,
             assert t["within_tolerance"] is True
     # each case exercises the rule it is here for
     expected = {"tiny_gpt": ["mixed_precision", "activation_checkpointing"],
-                "mlp_b2048": ["mixed_precision", "activation_checkpointing"], "mlp_b256": []}[case]
+                "mlp_b2048": ["mixed_precision", "activation_checkpointing"],
+                "cnn": ["mixed_precision", "activation_checkpointing"], "mlp_b256": []}[case]
     assert suggested == expected
     if case == "mlp_b256":
         assert _trial(doc, "mixed_precision")["measured_saving_bytes"] < 0
@@ -74,7 +78,7 @@ def test_the_trial_applies_the_plan_the_suggestion_describes(whatif: tuple[str, 
     if case == "tiny_gpt":
         assert applied["container"] == "blocks" and applied["blocks"] == 2
         assert "wrap each of the 2 Block blocks (blocks.0, blocks.1)" in sg.how
-    else:
+    else:  # the MLP and the CNN: a Sequential model
         m = re.search(r"checkpoint_sequential\((\w+), (\d+), x", sg.how)
         assert m, sg.how
         assert (applied["container"], applied["segments"]) == ("", int(m.group(2)))

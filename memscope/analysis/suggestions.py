@@ -38,7 +38,12 @@ LOW_PRECISION = ("float16", "bfloat16")
 # Modules whose saved tensors autocast leaves in fp32: norms take the fp32 residual stream,
 # embeddings save integer indices. Everything else the forward saves, and what a loss computed
 # on the forward's 16-bit output saves, becomes 16-bit under the model's autocast.
-_KEEPS_FP32 = re.compile(r"Norm|Embedding")
+# Modules whose saved tensors stay fp32 under autocast: embeddings (not autocast), and the norms
+# of the residual stream (LayerNorm, RMSNorm: their input is the fp32 residual) and GroupNorm
+# (on autocast's fp32 list on CUDA). BatchNorm is on no list and follows its input: after a
+# 16-bit convolution it saves 16-bit tensors, and so does the ReLU after it. Max pooling saves
+# int64 indices (its input is usually charged to the layer before it): they do not shrink.
+_KEEPS_FP32 = re.compile(r"LayerNorm|RMSNorm|GroupNorm|Embedding|MaxPool")
 _ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
 _BLOCK = re.compile(r"^(?:(.*)\.)?(\d+)$")
 
@@ -198,8 +203,9 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
     applies). Each term of the saving at the peak is a tensor that changes size:
 
     * saved for backward by modules autocast runs in 16-bit (matmuls, and what consumes their
-      16-bit outputs): half their bytes. Norms and embeddings keep fp32 (autocast's fp32 list;
-      the residual stream that feeds the norms stays fp32). Code after the model (a loss on its
+      16-bit outputs): half their bytes, BatchNorm after a convolution included. Layer, RMS and
+      group norms and embeddings keep fp32 (autocast's fp32 list; the residual stream that
+      feeds the norms stays fp32). Code after the model (a loss on its
       output, outside any module or as its own module) gets the 16-bit output and halves too;
     * the model's own input, when a 16-bit layer saves it (the first layer of a Sequential): the
       script still holds the fp32 batch, so the layer's 16-bit copy adds half its bytes instead
@@ -225,7 +231,7 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         # saved bytes summed over the step can exceed the most alive at once (the breakdown's)
         halvable = max(0, min(total - kept, f.activations) - model_input)
         basis = (f"{_b(halvable)} saved for backward by modules autocast runs in 16-bit and by "
-                 f"code after the model, {_b(kept)} by norms and embeddings (kept fp32)")
+                 f"code after the model, {_b(kept)} by layer/group norms and embeddings (kept fp32)")
         if model_input:
             basis += f", {_b(model_input)} of the model's fp32 input (held by the script: copied)"
     else:
@@ -319,24 +325,28 @@ class CheckpointPlan:
     segments: int
     kept: int  # the checkpointed segments' inputs, kept from the forward into the backward
     plain: int  # what the last, not checkpointed segment saves (sequential mode)
-    work: int  # the largest checkpointed segment's saved bytes, recomputed during backward
+    work: int  # the costliest checkpointed segment's saved bytes, recomputed during backward
     grads: int  # gradients alive while that segment is back-propagated
     in_blocks: int  # what the blocks save without checkpointing
     outside: int  # activations outside the blocks (unchanged)
     working: int = 0  # the working set at the peak besides saved tensors (see below)
+    held: int = -1  # kept inputs still alive while that segment is back-propagated (-1: all)
 
     @property
     def after(self) -> int:
-        """Activations at the peak once checkpointed: the kept inputs plus the larger of
+        """Activations at the peak once checkpointed: the larger of
 
-        * the end of the forward: what is saved outside the blocks and by the plain segment,
-          plus the working set the baseline had at its peak (the op output being made, the
-          loss and its gradient: the same tensors, checkpointing does not change them);
-        * the backward of the largest checkpointed segment: its activations recomputed, plus
-          the gradients alive while a layer in it is back-propagated: the gradient of the
-          layer's output and the one it computes for its input, each the size of that tensor,
-          so at most twice the biggest tensor in the segment."""
-        return self.kept + max(self.outside + self.plain + self.working, self.work + self.grads)
+        * the end of the forward: the kept inputs, what is saved outside the blocks and by the
+          plain segment, plus the working set the baseline had at its peak (the op output being
+          made, the loss and its gradient: checkpointing does not change them);
+        * the backward of the costliest checkpointed segment: backward runs the segments last
+          to first and frees each one's kept input when it is done, so only the inputs of that
+          segment and the ones before it are still held; plus its activations recomputed and
+          the gradients alive while a layer in it is back-propagated (the gradient of the
+          layer's output and the one it computes for its input: at most twice the biggest
+          tensor in the segment). A CNN's first, widest segments set this peak."""
+        held = self.kept if self.held < 0 else self.held
+        return max(self.kept + self.outside + self.plain + self.working, held + self.work + self.grads)
 
     @property
     def before(self) -> int:
@@ -447,11 +457,22 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
             saved -= min(inputs[start], saved)
         return saved, 2 * max(b["largest"] for b in blocks[start:end])
 
+    def costliest(starts: list[int], size: int) -> tuple[int, int, int]:
+        """(inputs held, recomputed bytes, gradients) of the checkpointed segment whose backward
+        costs most, counting the inputs of it and of the segments before it (still held)."""
+        best, held = (0, 0, 0), 0
+        for i in starts:
+            held += inputs[i]
+            work, grads = recomputed(i, i + size)
+            if held + work + grads > sum(best):
+                best = (held, work, grads)
+        return best
+
     if len({b["type"] for b in blocks}) == 1 and all(b["inner"] for b in blocks):
         # repeated blocks (choose_blocks in the agent): each wrapped, all checkpointed
-        work, grads = max((recomputed(i, i + 1) for i in range(len(blocks))), key=sum)
+        held, work, grads = costliest(list(range(len(blocks))), 1)
         return CheckpointPlan(parent, blocks, "blocks", len(blocks), sum(inputs), 0,
-                              work, grads, total, outside, working)
+                              work, grads, total, outside, working, held)
     container = rows.get(parent)
     if container is None or container["type"] != "Sequential":
         return None  # the trial checkpoints a Sequential's children only
@@ -461,12 +482,12 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
         last = k * (segments - 1)  # torch's first uncheckpointed child
         starts = range(0, last, k)
         kept = sum(inputs[i] for i in starts)
-        work, grads = max((recomputed(i, i + k) for i in starts), key=sum)
+        held, work, grads = costliest(list(starts), k)
         # the plain segment saves as before, and its input (the last checkpoint's output) stays
         # alive to the end of the forward: checkpoint_sequential's local variable holds it
         plain = sum(b["saved"] for b in blocks[last:]) + inputs[last]
         plan = CheckpointPlan(parent, blocks, "sequential", segments, kept, plain, work, grads,
-                              total, outside, working)
+                              total, outside, working, held)
         if choice is None or plan.after < choice.after:  # a tie keeps fewer segments:
             choice = plan  # (segments - 1) * k layers are recomputed, fewer with fewer segments
     return choice
