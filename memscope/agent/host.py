@@ -47,5 +47,10 @@ class CollectorHost(Protocol):
     def module_prefix(self, module: Any) -> str:
         """The dotted prefix that names ``module`` as the model the user built sees it."""
 
+    def module_name(self, module: Any) -> str | None:
+        """``module``'s full name as per-layer rows name it (its model's prefix, then its dotted
+        name in the outermost module holding it); None when unknown. Walks gc referrers: rare
+        callers only."""
+
     def stop(self) -> None:
         """Stop the agent (hooks removed, rows flushed)."""

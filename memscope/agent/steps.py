@@ -12,7 +12,9 @@ Three modes, chosen as the run shows itself:
 * ``manual``: the script called ``memscope.step()``; automatic detection is then off.
 
 Hooks: the global optimizer step pre/post hooks, and a thin wrapper around
-``torch.autograd.backward`` (``Tensor.backward`` calls it). Neither touches a tensor.
+``torch.autograd.backward`` (``Tensor.backward`` calls it). Neither touches a tensor. Both do
+nothing while Dynamo traces (``torch.compile``), so they never break a graph; an optimizer
+step compiled into a graph therefore marks no step (mark them with ``memscope.step()``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import weakref
 from typing import Any, Callable
 
 import torch
+
+from memscope.agent.compiled import is_compiling
 
 CloseFn = Callable[[int, float, float], None]
 
@@ -60,7 +64,7 @@ class StepTracker:
         tracker = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if not tracker.enabled:
+            if is_compiling() or not tracker.enabled:
                 return orig(*args, **kwargs)
             depth = getattr(tracker._backward_depth, "n", 0)
             tracker._backward_depth.n = depth + 1
@@ -107,9 +111,13 @@ class StepTracker:
             self._close(time.time())
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         self.phase = "optimizer"
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         self.phase = "other"
         if not self.enabled:
             return
