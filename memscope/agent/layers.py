@@ -532,6 +532,10 @@ class LayerProfiler:
                 if self.live_bytes > self.max_live:
                     self.max_live = self.live_bytes
             stack = self._stack()
+            if stack and not stack[-1][3]:
+                # a forward that is not counted saves only when it is a recomputation inside
+                # backward (reentrant checkpointing): alive for a moment, not a forward's saving
+                return saved
             if stack:
                 frame = stack[-1]
                 st = self._module_stats(frame[0], frame[1])
