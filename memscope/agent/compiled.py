@@ -12,13 +12,33 @@
   registering ``_orig_mod`` in its constructor, before the module can be called).
 * :func:`compile_used` says whether Dynamo compiled anything in this process: a function mode
   on the stack is part of Dynamo's guards, so pushing one would recompile.
+* :data:`shield` hides memscope's module hooks from Dynamo while it compiles (a compiled
+  function calling the model, ``model.compile()``, a recompile for a new shape, an evaluation
+  compiled for the first time during a profiled step): Dynamo's compile-start callback takes
+  them out of their hook dicts and its compile-end callback puts them back under the same ids.
+  Hooks present while Dynamo traces would be inlined (as nothing) but guarded on (the hook ids
+  of the global dicts, the number of a module's hooks), and the graph compiled once more when
+  they are gone; hooks absent while it traces are not guarded on, so the compiled code is the
+  same with and without memscope. No module code runs while Dynamo compiles, so nothing is
+  missed. The callbacks are registered when ``torch._dynamo`` is imported (memscope never
+  imports it: a one-shot import watcher waits for it).
+* :func:`runtime_only` marks the agent's functions that run inside the training (hooks, the
+  pack hook, weakref and autograd callbacks): Dynamo is told to skip their frames, and every
+  frame they call (``FrameExecStrategy(SKIP, SKIP)``). Called while a compiled function or a
+  ``model.compile()``d module runs (its eager parts, the hooks of ``_call_impl``), they would
+  otherwise be compiled as frames of their own: Dynamo's frame counters change, and the
+  compiled copy, folded for ``is_compiling()``, would do nothing.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.abc
+import importlib.machinery
 import sys
-from typing import Any, Callable
+import threading
+from types import CodeType, ModuleType
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -109,3 +129,147 @@ def is_compiler_module(module: Any) -> bool:
     user's model."""
     t = _lazy_graph_module_type()
     return t is not None and isinstance(module, t)
+
+
+HandlesFn = Callable[[], list[Any]]  # the RemovableHandles of hooks to hide, now
+F = TypeVar("F", bound=Callable[..., Any])
+_RUNTIME_ONLY: list[CodeType] = []
+
+
+def runtime_only(fn: F) -> F:
+    """Dynamo never compiles this function's frames, nor those of the functions it defines and
+    calls (see the module doc). Returns ``fn`` itself."""
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, CodeType):
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            _RUNTIME_ONLY.append(c)
+            todo.extend(k for k in c.co_consts if isinstance(k, CodeType))  # nested functions
+        if shield.registered:
+            _skip_codes()
+    return fn
+
+
+def _skip_codes() -> None:
+    try:
+        from torch._C._dynamo.eval_frame import (  # type: ignore[import-not-found]
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+        for code in _RUNTIME_ONLY:
+            set_code_exec_strategy(code, strategy)
+    except Exception:
+        pass
+
+
+class DynamoShield:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._providers: list[HandlesFn] = []
+        self._stashed: list[tuple[Any, Any, Any]] = []  # (hook dict, id, hook)
+        self.registered = False
+        self._watcher: _DynamoWatcher | None = None
+
+    def add(self, provider: HandlesFn) -> None:
+        """Hide the hooks ``provider()`` returns whenever Dynamo compiles."""
+        with self._lock:
+            if provider not in self._providers:
+                self._providers.append(provider)
+        self._register()
+
+    def remove(self, provider: HandlesFn) -> None:
+        with self._lock:
+            if provider in self._providers:
+                self._providers.remove(provider)
+
+    def _register(self) -> None:
+        if self.registered:
+            return
+        dynamo = sys.modules.get("torch._dynamo")
+        handler = getattr(dynamo, "callback_handler", None)
+        if handler is None:
+            if self._watcher is None and dynamo is None:
+                self._watcher = _DynamoWatcher(self._register)
+                sys.meta_path.insert(0, self._watcher)
+            return
+        try:
+            handler.register_start_callback(self._start)
+            handler.register_end_callback(self._end)
+            self.registered = True
+        except Exception:
+            pass
+        _skip_codes()
+
+    def _start(self, *args: Any) -> None:
+        try:
+            with self._lock:
+                providers = list(self._providers)
+            for provider in providers:
+                for handle in provider():
+                    hooks = handle.hooks_dict_ref()
+                    if hooks is not None and handle.id in hooks:
+                        self._stashed.append((hooks, handle.id, hooks.pop(handle.id)))
+        except Exception:
+            self._end()
+
+    def _end(self, *args: Any) -> None:
+        stashed, self._stashed = self._stashed, []
+        for hooks, hid, hook in stashed:
+            try:
+                hooks[hid] = hook
+            except Exception:
+                pass
+
+
+shield = DynamoShield()
+runtime_only(CompileWatch._registered)
+
+
+class _DynamoWatcher(importlib.abc.MetaPathFinder):
+    """One shot: when ``torch._dynamo`` has been imported (by the script's torch.compile), call
+    ``then``. It finds the module with the other finders and wraps its loader."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        self._then = then
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch._dynamo":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _ThenAfterExec(spec.loader, self._then)
+                return spec
+        return None
+
+
+class _ThenAfterExec(importlib.abc.Loader):
+    def __init__(self, inner: Any, then: Callable[[], None]) -> None:
+        self.inner = inner
+        self._then = then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self.inner  # the module sees its real loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.inner
+        self.inner.exec_module(module)
+        try:
+            self._then()
+        except Exception:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

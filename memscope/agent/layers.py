@@ -26,9 +26,10 @@ are prefixed with their class name and ``":"`` (``"CrossEntropyLoss:"``). Saved 
 outside every module go to ``NO_MODULE``. Forward calls made during backward (checkpoint
 recomputation) or with grad disabled (evaluation) are not counted.
 
-``torch.compile`` (memscope.agent.compiled): every hook returns at once while Dynamo traces, so
-Dynamo inlines it as nothing (no graph break, no failure under ``fullgraph=True``; Dynamo does not
-guard on module hooks, so adding or removing them never recompiles). Modules inside a compiled
+``torch.compile`` (memscope.agent.compiled): the module hooks are out of Dynamo's sight while it
+compiles (``shield``: so it never guards on them, and adding or removing them never
+recompiles), and every hook returns at once if Dynamo traces it anyway, so it inlines as
+nothing (no graph break, no failure under ``fullgraph=True``). Modules inside a compiled
 region are not called at run time, so its saved tensors, time and outputs are charged to the
 module that called the compiled code: the ``OptimizedModule`` itself, named as the module it
 wraps. Global module hooks make ``OptimizedModule.__call__`` warn, so while a compiled module
@@ -72,6 +73,8 @@ from memscope.agent.compiled import (
     compiled_modules_alive,
     is_compiler_module,
     is_compiling,
+    runtime_only,
+    shield,
 )
 from memscope.agent.module_names import all_tops, dotted_names, outermost
 
@@ -167,6 +170,7 @@ class LayerProfiler:
         self._watch = CompileWatch(self._on_compiled)
         self._global_handles: list[Any] = []
         self._hooked: set[int] = set()  # ids of modules hooked one by one in this step
+        shield.add(self._module_hook_handles)  # out of Dynamo's sight while it compiles
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -278,6 +282,9 @@ class LayerProfiler:
 
     # -- installing hooks ----------------------------------------------------------------------
 
+    def _module_hook_handles(self) -> list[Any]:
+        return [*self._global_handles, *self._handles]
+
     def _remove_global(self) -> None:
         for h in self._global_handles:
             try:
@@ -332,6 +339,7 @@ class LayerProfiler:
             stack = self._local.stack = []
         return stack
 
+    @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
         if is_compiling() or not self.active:
             return  # Dynamo traces this as nothing
@@ -360,6 +368,7 @@ class LayerProfiler:
         except Exception:
             pass
 
+    @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if is_compiling() or not self.active:
             return
@@ -416,6 +425,7 @@ class LayerProfiler:
         for n in ins:
             self._node_calls(n)[1].append(call)
 
+    @runtime_only
     def _node_calls(self, node: Any) -> tuple[list[Any], list[Any]]:
         """The (starting, ending) calls of a graph node, hooking it on first sight. Nodes are
         keyed by their sequence number (unique per thread), never by a kept reference."""
@@ -446,6 +456,7 @@ class LayerProfiler:
                 self._bw_nodes[key] = entry
         return entry
 
+    @runtime_only
     def _end_with_pass(self, call: list[Any]) -> None:
         def ended() -> None:
             if call[2] is None and self.active:
@@ -505,6 +516,7 @@ class LayerProfiler:
 
     # -- saved tensors -------------------------------------------------------------------------
 
+    @runtime_only
     def _pack(self, t: Any) -> Any:
         if not self.active:
             return t
@@ -548,6 +560,7 @@ class LayerProfiler:
             pass
         return t
 
+    @runtime_only
     def _released(self, key: tuple[int, int]) -> Callable[[Any], None]:
         def callback(ref: Any) -> None:
             try:
@@ -684,6 +697,7 @@ class _PreHook:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._profiler = _nothing
 
+    @runtime_only
     def __call__(self, module: Any, args: Any) -> None:
         if is_compiling():
             return None  # Dynamo traces this as nothing
@@ -694,6 +708,7 @@ class _PreHook:
 
 
 class _PostHook(_PreHook):
+    @runtime_only
     def __call__(self, module: Any, args: Any, output: Any) -> None:  # type: ignore[override]
         if is_compiling():
             return None

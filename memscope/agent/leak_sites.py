@@ -53,7 +53,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
 
-from memscope.agent.compiled import CompileWatch, compile_used, is_compiling
+from memscope.agent.compiled import CompileWatch, compile_used, is_compiling, runtime_only, shield
 from memscope.agent.module_names import module_path
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
@@ -104,6 +104,7 @@ class _Mode(TorchFunctionMode):
         super().__init__()
         self.owner = owner
 
+    @runtime_only
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if is_compiling():
             return func(*args, **(kwargs or {}))
@@ -136,6 +137,10 @@ class SiteCapture:
         self.results: dict[Signature, tuple[str | None, str | None]] = {}  # site, module
         self._watch = CompileWatch(self._on_compiled)
         self.skipped: str | None = None  # why the last arming did not happen, if it did not
+        shield.add(self._hook_handles)  # out of Dynamo's sight while it compiles
+
+    def _hook_handles(self) -> list[Any]:
+        return list(self._hooks)
 
     # -- arming and the step boundaries --------------------------------------------------------
 
@@ -266,12 +271,14 @@ class SiteCapture:
 
     # -- capture -------------------------------------------------------------------------------
 
+    @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
         if is_compiling():
             return
         if self.capturing and threading.get_ident() == self._thread:
             self._stack.append(module)
 
+    @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if is_compiling():
             return
@@ -429,6 +436,7 @@ def _holds(c: Any, t: Any) -> bool:
 _ORPHANS: dict[int, Any] = {}
 
 
+@runtime_only
 def _global_trace(frame: Any, event: str, arg: Any) -> None:
     if _ORPHANS:
         _sweep()
@@ -463,6 +471,7 @@ class _LineTracer:
         self.owner = owner
         self.cands = [cand]
 
+    @runtime_only
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
         if not self.owner._tracing:
             return None

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from memscope.agent.compiled import is_compiling
+from memscope.agent.compiled import is_compiling, runtime_only
 
 CloseFn = Callable[[int, float, float], None]
 
@@ -51,6 +51,7 @@ class StepTracker:
 
     # -- install / remove ----------------------------------------------------------------------
 
+    @runtime_only
     def install(self) -> None:
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -110,11 +111,13 @@ class StepTracker:
             self.mode = "manual"
             self._close(time.time())
 
+    @runtime_only
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():
             return
         self.phase = "optimizer"
 
+    @runtime_only
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():
             return

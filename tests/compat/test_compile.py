@@ -42,6 +42,20 @@ def test_compiled_submodule_with_a_graph_break(tmp_path: Path) -> None:
     assert not [m for m in rows if m.startswith("body.")], rows
 
 
+@pytest.mark.parametrize("variant", ["function", "inplace"])
+def test_compiled_without_a_compiled_module(tmp_path: Path, variant: str) -> None:
+    """A compiled function calling the model, and model.compile(): memscope's hooks are hidden
+    from Dynamo while it compiles (also the evaluation graph compiled mid-run, during a profiled
+    step), so the graphs are plain python's; no module boundary is seen at run time inside."""
+    arms = run_three(tmp_path, "compile.py", [variant])
+    check(arms, tmp_path, STEPS)
+    _same_graphs(arms)
+    assert arms["plain"].out["dynamo"]["unique_graphs"] >= 2  # training and evaluation
+    rows = layer_rows(arms["invasive"].db)
+    assert rows["<no module>"][2] > 0, rows
+    assert not [m for m in rows if m.startswith(("embed", "body", "head"))], rows
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_inductor_on_cpu(tmp_path: Path) -> None:

@@ -4,6 +4,9 @@ fullgraph  aot_eager, fullgraph=True (a hook Dynamo cannot trace fails the run)
 dynamic    aot_eager, dynamic=True, a batch size that changes every step
 submodule  aot_eager on one submodule only, with a graph break inside it
 inductor   the default backend (Inductor: C++ built with the machine's compiler)
+function   aot_eager on a function that calls the model (no compiled module), evaluated under
+           no_grad mid-run (a second graph, compiled during a step)
+inplace    aot_eager in place: model.compile()
 """
 
 import sys
@@ -54,6 +57,13 @@ elif variant == "submodule":
     run = model
 elif variant == "inductor":
     run = torch.compile(model)
+elif variant == "function":
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return model(x)
+elif variant == "inplace":
+    model.compile(backend="aot_eager")
+    run = model
 else:
     raise SystemExit(f"unknown variant {variant}")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -66,6 +76,9 @@ for step in range(STEPS):
     opt.step()
     opt.zero_grad()
     losses.append(loss.item())  # a float: keeping the tensor would be a leak
+    if step == 4:
+        with torch.no_grad():  # evaluation mid-run: not a step; compiled now (no_grad variant)
+            run(torch.randn(8, 16))
 with torch.no_grad():  # evaluation: not a step
     run(torch.randn(8, 16))
 finish(out, losses, model, dynamo=dynamo_counters())
