@@ -57,17 +57,24 @@ def optimized_module_type() -> type | None:
     return t if isinstance(t, type) else None
 
 
-def compiled_modules_alive() -> bool:
-    """Whether a ``torch.compile(module)`` result is alive (a scan of the heap's referrers to
-    the class, only once Dynamo is imported)."""
+def optimized_modules() -> list[Any]:
+    """The ``torch.compile(module)`` results alive now (the referrers of their class, once Dynamo
+    is imported). ``gc.get_referrers``, not ``gc.get_objects``: a list of every object would
+    keep, for the length of the scan, objects other threads are dropping (an sqlite3 cursor
+    whose statement must be reset before its connection commits, say)."""
     t = optimized_module_type()
     if t is None:
-        return False
+        return []
     refs = gc.get_referrers(t)
     try:
-        return any(isinstance(o, t) for o in refs)
+        return [o for o in refs if isinstance(o, t)]
     finally:
         refs.clear()
+
+
+def compiled_modules_alive() -> bool:
+    """Whether a ``torch.compile(module)`` result is alive."""
+    return bool(optimized_modules())
 
 
 def compile_used() -> bool:

@@ -34,8 +34,8 @@ region are not called at run time, so its saved tensors, time and outputs are ch
 module that called the compiled code: the ``OptimizedModule`` itself, named as the module it
 wraps. Global module hooks make ``OptimizedModule.__call__`` warn, so while a compiled module
 exists (or from the moment ``torch.compile(module)`` builds one during a profiled step) the
-profiler hooks every module of every model one by one instead (picklable, inert when pickled),
-found by one pass over the gc's objects per profiled step. Graph modules the compiler made are
+profiler hooks the modules of the models one by one instead (picklable, inert when pickled),
+outside compiled regions: the models holding the compiled modules and those seen before. Graph modules the compiler made are
 never rows. The saved-tensors hooks are never traced (Dynamo disables them while tracing, and
 their guard ignores hooks that are not graph modules).
 
@@ -70,13 +70,13 @@ from torch.nn.modules import module as _nn_module
 
 from memscope.agent.compiled import (
     CompileWatch,
-    compiled_modules_alive,
     is_compiler_module,
     is_compiling,
+    optimized_modules,
     runtime_only,
     shield,
 )
-from memscope.agent.module_names import all_tops, dotted_names, outermost
+from memscope.agent.module_names import dotted_names, outermost
 
 NO_MODULE = "<no module>"
 
@@ -191,10 +191,10 @@ class LayerProfiler:
         self._cuda = _cuda_ready()
         self._hooked = set()
         self.active = True
-        if not self.compiled_mode:
-            self.compiled_mode = compiled_modules_alive()
+        compiled = optimized_modules()
+        self.compiled_mode = self.compiled_mode or bool(compiled)
         if self.compiled_mode:
-            self._hook_each(all_tops())
+            self._hook_each(self._models(compiled))
         else:
             # No always_call: Dynamo tracing a call with an always-called hook guards on that
             # hook's id, and the next step's hook has another: a recompile. A forward that
@@ -293,6 +293,25 @@ class LayerProfiler:
                 pass
         self._global_handles = []
 
+    def _models(self, compiled: list[Any]) -> list[Any]:
+        """Compiled mode: the models to hook module by module: the outermost containers of the
+        compiled modules (found through gc referrers) and of the roots seen so far. A module no
+        model holds that was never called on a profiled step before (a loss module) is not
+        hooked: what it saves is under NO_MODULE."""
+        tops: dict[int, Any] = {}
+        with self._lock:
+            known = [t.ref() for t in self._tops.values()]
+            known += [r.ref() for r in self._roots.values()]
+        for m in [*compiled, *known]:
+            if m is None:
+                continue
+            try:
+                top = outermost(m)[0]
+            except Exception:
+                top = m
+            tops[id(top)] = top
+        return list(tops.values())
+
     def _hook_each(self, tops: list[Any]) -> None:
         """Compiled mode: a pre and a post hook on every module of ``tops`` (not on graph
         modules the compiler made)."""
@@ -329,7 +348,7 @@ class LayerProfiler:
         self.compiled_mode = True
         self._remove_global()
         self._hooked.update(id(m) for m in wrapped.modules())
-        self._hook_each([*all_tops(), optimized])
+        self._hook_each([optimized, *self._models([wrapped])])
 
     # -- module hooks --------------------------------------------------------------------------
 

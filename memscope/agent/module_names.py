@@ -111,20 +111,3 @@ def _parent(module: Any) -> tuple[Any, str] | None:
                 if best is None or len(d) > len(best[0]._modules):
                     best = (owner, keys[0])
     return best
-
-
-def all_tops() -> list[Any]:
-    """Every live module that no other module holds (one pass over the gc's objects). ``type()``
-    rather than ``isinstance()``: isinstance falls back to ``o.__class__``, which some lazy
-    proxies answer with a warning."""
-    module_type = torch.nn.Module
-    mods = [o for o in gc.get_objects() if issubclass(type(o), module_type)]
-    held: set[int] = set()
-    for m in mods:
-        try:
-            held.update(id(c) for c in m.__dict__.get("_modules", {}).values() if c is not None)
-        except Exception:
-            pass
-    tops = [m for m in mods if id(m) not in held]
-    mods.clear()
-    return tops
