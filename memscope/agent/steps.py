@@ -165,11 +165,18 @@ def _any_optimizer_alive() -> bool:
     # Fast path: Optimizer.__init__ wraps its class's step() once and marks it ``hooked``.
     if any(getattr(cls.step, "hooked", False) for cls in _subclasses(torch.optim.Optimizer)):
         return True
-    # Otherwise one gc walk (tens of ms in a large process), only for scripts without one.
-    # type() rather than isinstance(): isinstance falls back to ``o.__class__``, which some lazy
-    # module proxies answer with a deprecation warning.
+    # Otherwise the objects that refer to an optimizer class (instances do), only for scripts
+    # without one. gc.get_referrers, not gc.get_objects: a list of every object would keep, for
+    # the scan, objects other threads are dropping (an sqlite3 cursor that must be gone before
+    # its connection commits). type() rather than isinstance(): isinstance falls back to
+    # ``o.__class__``, which some lazy module proxies answer with a deprecation warning.
     optimizer = torch.optim.Optimizer
-    return any(issubclass(type(o), optimizer) for o in gc.get_objects())
+    classes = [optimizer, *_subclasses(optimizer)]
+    refs = gc.get_referrers(*classes)
+    try:
+        return any(issubclass(type(o), optimizer) for o in refs)
+    finally:
+        refs.clear()
 
 
 def _subclasses(cls: type) -> list[type]:
