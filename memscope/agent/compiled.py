@@ -37,6 +37,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+import weakref
 from types import CodeType, ModuleType
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -176,22 +177,23 @@ def _skip_codes() -> None:
 class DynamoShield:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._providers: list[HandlesFn] = []
+        self._providers: list[weakref.WeakMethod[HandlesFn]] = []
         self._stashed: list[tuple[Any, Any, Any]] = []  # (hook dict, id, hook)
         self.registered = False
         self._watcher: _DynamoWatcher | None = None
 
     def add(self, provider: HandlesFn) -> None:
-        """Hide the hooks ``provider()`` returns whenever Dynamo compiles."""
+        """Hide the hooks ``provider()`` (a bound method, held weakly) returns whenever Dynamo
+        compiles."""
         with self._lock:
-            if provider not in self._providers:
-                self._providers.append(provider)
+            self._providers = [p for p in self._providers if p() is not None]
+            self._providers.append(weakref.WeakMethod(provider))  # type: ignore[arg-type]
         self._register()
 
-    def remove(self, provider: HandlesFn) -> None:
+    def _handles(self) -> list[Any]:
         with self._lock:
-            if provider in self._providers:
-                self._providers.remove(provider)
+            providers = [p() for p in self._providers]
+        return [h for provider in providers if provider is not None for h in provider()]
 
     def _register(self) -> None:
         if self.registered:
@@ -213,21 +215,23 @@ class DynamoShield:
 
     def _start(self, *args: Any) -> None:
         try:
-            with self._lock:
-                providers = list(self._providers)
-            for provider in providers:
-                for handle in provider():
-                    hooks = handle.hooks_dict_ref()
-                    if hooks is not None and handle.id in hooks:
-                        self._stashed.append((hooks, handle.id, hooks.pop(handle.id)))
+            for handle in self._handles():
+                hooks = handle.hooks_dict_ref()
+                if hooks is not None and handle.id in hooks:
+                    self._stashed.append((hooks, handle.id, hooks.pop(handle.id)))
         except Exception:
             self._end()
 
     def _end(self, *args: Any) -> None:
         stashed, self._stashed = self._stashed, []
+        try:  # only hooks still installed as far as their owner knows (none removed meanwhile)
+            live = {(id(h.hooks_dict_ref()), h.id) for h in self._handles()}
+        except Exception:
+            live = None
         for hooks, hid, hook in stashed:
             try:
-                hooks[hid] = hook
+                if live is None or (id(hooks), hid) in live:
+                    hooks[hid] = hook
             except Exception:
                 pass
 
