@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
 TSTAMP := $(VENV)/.memscope-test-installed
 
-.PHONY: install demo test test-deps lint bench clean
+.PHONY: install demo test test-deps lint bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ test: $(TSTAMP) test-deps
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# On a machine with an NVIDIA GPU: the cuda-marked tests, a real OOM under --simulate-gpu, and the
+# real allocator outputs saved under tests/data (tests/gpu_check.py). Without a GPU it stops with
+# one line. The Python is the first of the venv's and python3 whose torch sees a GPU.
+GPU_PYTHON ?= $(shell for p in $(BIN)/python python3; do $$p -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null && { echo $$p; exit; }; done; [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3)
+gpu-check:
+	@PYTHONPATH=$(CURDIR):$(CURDIR)/tui$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) tests/gpu_check.py
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

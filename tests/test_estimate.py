@@ -150,3 +150,22 @@ def test_a_script_goes_to_the_script_mode_with_its_arguments(monkeypatch: pytest
     monkeypatch.setattr(se, "run", lambda args: seen.update(script=args.script, rest=args.script_args) or 0)
     assert cli_main(["estimate", "train.py", "--lr", "3"]) == 0
     assert seen == {"script": "train.py", "rest": ["--lr", "3"]}
+
+
+def test_the_shape_alone_gives_the_parameter_count() -> None:
+    """Issue #15: --layers/--hidden/--vocab/--seq without --batch counts the parameters (the
+    README's example) instead of failing on the activations."""
+    doc = cli_json("--layers", "32", "--hidden", "4096", "--vocab", "32000", "--seq", "4096")
+    assert doc["params"] == param_count(32, 4096, 32000, 4096)
+    assert doc["components"]["activations"] is None
+    assert any("add --batch" in n for n in doc["notes"])
+
+
+def test_options_go_before_the_script_and_the_rest_is_the_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in attach: memscope's flags before SCRIPT.py, everything after it is the script's."""
+    import memscope.runners.script_estimate as se
+    seen: list[tuple[bool, list[str]]] = []
+    monkeypatch.setattr(se, "run", lambda args: seen.append((args.json, args.script_args)) or 0)
+    assert cli_main(["estimate", "--json", "train.py", "--lr", "3"]) == 0
+    assert cli_main(["estimate", "train.py", "--json"]) == 0
+    assert seen == [(True, ["--lr", "3"]), (False, ["--json"])]

@@ -32,9 +32,10 @@ def test_forward_oom_example(run_db: Path) -> None:
     assert "can't allocate memory" in out.stderr  # the script's own traceback, unchanged
     report = report_json(run_db)
     assert report["oom"] is not None
-    # "rank": added by the multi-rank work (analysis/oom.py); None for a single process
+    # "rank": added by the multi-rank work (analysis/oom.py); None for a single process;
+    # "breakdown", "breakdown_step": what was live at the failure, and where it was measured
     assert set(report["oom"]) == {"step", "phase", "module", "requested_bytes", "live_bytes", "message",
-                                  "rank"}
+                                  "rank", "breakdown", "breakdown_step"}
     assert report["oom"]["rank"] is None
     oom = report["oom"]
     assert oom["step"] == 5 and oom["phase"] == "forward" and oom["module"] == "expand"
@@ -134,11 +135,11 @@ def test_caught_forward_oom_batch_size_finder(tmp_path: Path) -> None:
     assert "batch 16" in out.stdout
     report = report_json(db)
     assert report["run"]["exit_code"] == 0 and report["run"]["steps"] == 6
-    # the first OOM happened before any profiled step, so before the root was known; it is
-    # seen from the first step on only when the root hook is installed: here the hook comes
-    # after step 0's close, and all OOMs happen in step 0 -> documented limit
+    # both OOMs happen in step 0, before any profiled step: the hooks armed for step 0 see them
+    # (issue #14; tests/test_oom_at_failure.py checks the same at default options)
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM steps WHERE status = 'failed'").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM events WHERE kind = 'oom' AND step = 0").fetchone()[0] == 2
 
 
 FINDER_LATE = FINDER.replace("batch, steps = 64, 0", "batch, steps = 8, 0").replace(
@@ -182,7 +183,8 @@ def test_sigkill_from_outside(tmp_path: Path) -> None:
         while time.time() < deadline and pid is None:
             time.sleep(0.2)
             try:
-                with sqlite3.connect(db) as conn:
+                # read-only: a plain connect would create the file before attach does
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                     row = conn.execute("SELECT pid FROM processes").fetchone()
                     steps = conn.execute("SELECT count(*) FROM steps").fetchone()[0]
                 if row and steps >= 2:
@@ -415,7 +417,9 @@ def test_import_built_snapshot_file(tmp_path: Path) -> None:
         kinds = dict(conn.execute("SELECT kind, count(*) FROM events GROUP BY kind").fetchall())
         (trace,) = [json.loads(r[0]) for r in conn.execute(
             "SELECT data FROM events WHERE kind = 'snapshot_trace'")]
-    assert kinds == {"snapshot_segment": 2, "snapshot_trace": 1, "oom": 1}
+    # aggregates, not one row per segment: per device, per site, the largest segments
+    assert kinds == {"snapshot": 1, "snapshot_device": 1, "snapshot_site": 2, "snapshot_segment": 2,
+                     "snapshot_trace": 1, "oom": 1}
     assert trace["actions"] == {"segment_alloc": 2, "alloc": 4, "free_requested": 1,
                                 "free_completed": 1, "oom": 1}
 

@@ -31,9 +31,11 @@ class AgentOptions:
     # steps it covers, the next is pushed further out. 0 keeps exactly ``inventory_every``;
     # naming ``inventory_every`` without a budget means that, too.
     inventory_budget: float = 0.01
-    # Forward OOMs the script catches itself (batch-size finders) are seen on CPU only through a
-    # forward hook on the model's root module. Off by default: a hook stored on the user's model
-    # travels with it when the whole model is pickled (torch.save(model)).
+    # Forward OOMs the script catches itself (batch-size finders) are seen by default in step 0,
+    # on profiled steps and on steps after one that used a quarter of the memory limit (global
+    # hooks, armed only then: memscope.agent.oom_hooks). This option adds a forward hook on each
+    # root model for every step. Off by default: a hook stored on the user's model travels with
+    # it (it pickles as an inert standard-library callable) and torch.jit.script refuses it.
     catch_forward_oom: bool = False
     max_steps: int = 0  # end the process cleanly after this many completed steps (0: no limit)
     try_techniques: list[str] = field(default_factory=list)  # see TECHNIQUES (memscope whatif)

@@ -52,5 +52,9 @@ class CollectorHost(Protocol):
         name in the outermost module holding it); None when unknown. Walks gc referrers: rare
         callers only."""
 
+    def nvml_memory(self, index: int) -> dict[str, int | None] | None:
+        """NVML's reading of CUDA device ``index`` now: ``used``, ``total`` (all processes) and
+        ``process_used`` (this process, when NVML can tell); None without NVML."""
+
     def stop(self) -> None:
         """Stop the agent (hooks removed, rows flushed)."""

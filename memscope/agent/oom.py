@@ -2,20 +2,24 @@
 
 An exception is an OOM when it is ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``)
 or a ``RuntimeError`` whose message says "can't allocate memory" (the CPU allocator) or "out of
-memory". It is seen at up to three places, and recorded once (by identity):
+memory". It is recorded once (a mark on the exception) at the first of these places to see it,
+each of them while the failing step's frames are still alive:
 
-* the ``torch.autograd.backward`` wrapper of :mod:`memscope.agent.steps` (phase ``backward``;
-  the exception is re-raised unchanged, so a script that catches it still gets it);
-* a forward hook with ``always_call=True`` on each *root* module the layer profiler has seen
-  (not a global hook: only the root loses PyTorch's no-hook fast path); it runs while the
-  failing forward unwinds, so forward OOMs the script catches itself are seen too;
+* the ``torch.autograd.backward`` wrapper of :mod:`memscope.agent.steps` (phase ``backward``);
+* the armed global forward hooks and, with ``--catch-forward-oom``, the root-model hooks
+  (:mod:`memscope.agent.oom_hooks`): forward OOMs, caught by the script or not;
+* the optimizer-step guard (:mod:`memscope.agent.oom_hooks`): OOMs inside ``optimizer.step()``;
 * ``sys.excepthook`` / ``threading.excepthook`` (chained to the previous hooks): any OOM nobody
-  caught.
+  caught (its traceback still holds the frames).
 
-On CUDA the allocator's OOM observer (attached once CUDA is initialised) gives the exact
-requested size and the device's free bytes at the moment of failure.
+Each record carries the step, phase, module path, requested bytes and an at-failure census of
+the live tensors by category (:mod:`memscope.agent.oom_census`, bounded in time; the last profiled
+step's breakdown only when the census could not run). On CUDA the allocator's OOM observer
+(attached once CUDA is initialised) gives the exact requested size, and the allocator's counters,
+its largest free cached block and NVML's view of the device are read at the record.
 
-Nothing here keeps a reference to the exception, its traceback or a tensor past the call.
+The exception is never changed or swallowed. Nothing here keeps a reference to the exception,
+its traceback or a tensor past the call.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from memscope.agent import cuda
+from memscope.agent.oom_census import census
+from memscope.agent.oom_hooks import (ARM_SHARE, ArmedHooks, RootHook, alloc_conf, guard_optimizers,
+                                      host_limits, host_share, unguard_optimizers)
+
 if TYPE_CHECKING:
     from memscope.agent.host import CollectorHost
 
@@ -38,6 +47,7 @@ _CUDA_DEVICE = re.compile(r"GPU (\d+)")
 _UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
           "pib": 1024 ** 5, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
 _MARK = "_memscope_oom_recorded"
+MAX_CENSUSES = 8  # at-failure censuses per process (a batch-size finder retries many times)
 _MODULE_FRAMES = {"forward", "_call_impl", "_wrapped_call_impl", "inner"}
 
 
@@ -76,14 +86,31 @@ def first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:500]
 
 
+def _frames(tb: Any) -> list[Any]:
+    """The frames of a traceback, outermost first, with the frames still running outside it:
+    a hook sees the exception while it unwinds, when its traceback starts at the hook's caller."""
+    frames: list[Any] = []
+    if tb is not None:
+        f = tb.tb_frame.f_back
+        while f is not None:
+            frames.append(f)
+            f = f.f_back
+        frames.reverse()
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
 def module_stack(tb: Any) -> list[Any]:
-    """Modules whose forward is on the traceback, outermost first (deduplicated)."""
+    """Modules whose forward is on the traceback (or still running around it), outermost first
+    (deduplicated)."""
     import torch
 
     out: list[Any] = []
     seen: set[int] = set()
-    while tb is not None:
-        frame = tb.tb_frame
+    frames = _frames(tb)
+    for frame in frames:
         code = frame.f_code
         if code.co_name in _MODULE_FRAMES and "self" in code.co_varnames:
             try:
@@ -93,7 +120,8 @@ def module_stack(tb: Any) -> list[Any]:
             if isinstance(obj, torch.nn.Module) and id(obj) not in seen:
                 seen.add(id(obj))
                 out.append(obj)
-        tb = tb.tb_next
+            del obj
+    frames.clear()
     return out
 
 
@@ -144,11 +172,15 @@ class OomRecorder:
         self._seen: deque[tuple[int, str]] = deque(maxlen=64)
         self.pending_failed: dict[str, Any] | None = None  # the last OOM's step, not yet closed
         self.count = 0
+        self.censuses = 0
         self._prev_excepthook: Any = None
         self._prev_thread_hook: Any = None
         self._hooked_roots: dict[int, tuple[weakref.ReferenceType[Any], Any]] = {}
         self._observer_attached = False
         self._observed: dict[int, dict[str, Any]] = {}  # thread id -> observer's last reading
+        self.armed = ArmedHooks(self.on_exception)
+        self._limits = host_limits()
+        self._oom_in_step = False  # an OOM was recorded in the step in progress
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -157,13 +189,17 @@ class OomRecorder:
         sys.excepthook = self._excepthook
         self._prev_thread_hook = threading.excepthook
         threading.excepthook = self._thread_excepthook
+        guard_optimizers(self.on_exception)
+        self.armed.arm()  # step 0: see its forward OOMs and find the models
 
     def remove(self) -> None:
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_excepthook or sys.__excepthook__
         if threading.excepthook == self._thread_excepthook:
             threading.excepthook = self._prev_thread_hook or threading.__excepthook__
-        for ref, handle in list(self._hooked_roots.values()):
+        self.armed.disarm()
+        unguard_optimizers()
+        for _ref, handle in list(self._hooked_roots.values()):
             try:
                 handle.remove()
             except Exception:
@@ -186,7 +222,36 @@ class OomRecorder:
             pass
         (self._prev_thread_hook or threading.__excepthook__)(args)
 
-    # -- root forward hooks --------------------------------------------------------------------
+    def on_exception(self, exc: BaseException, where: str) -> None:
+        """An exception seen in flight by a hook (forward, optimizer step): recorded if an OOM."""
+        try:
+            if is_oom(exc):
+                self.record(exc, exc.__traceback__, where=where,
+                            phase="optimizer" if where == "optimizer" else None)
+        except Exception:
+            pass
+
+    # -- step boundaries -----------------------------------------------------------------------
+
+    def step_closed(self, memory_share: float, profiled_next: bool, roots: list[Any],
+                    catch_forward: bool) -> None:
+        """At a step boundary: arm the global hooks for the next step or not (see oom_hooks),
+        and with ``--catch-forward-oom`` hook the root models found so far."""
+        self.armed.see_roots(roots)
+        arm = (profiled_next or memory_share >= ARM_SHARE or self._oom_in_step) and not self.armed.compiled
+        self._oom_in_step = False
+        self.armed.new_step()
+        if arm:
+            self.armed.arm()
+        else:
+            self.armed.disarm()
+        if catch_forward:
+            self.hook_roots(self.armed.live_roots())
+
+    def host_share(self, rss: int | None, vms: int | None) -> float:
+        return host_share(self._limits, rss, vms)
+
+    # -- root forward hooks (--catch-forward-oom) ----------------------------------------------
 
     def hook_roots(self, roots: list[Any]) -> None:
         """A forward hook that always runs on each root module not hooked yet."""
@@ -196,7 +261,7 @@ class OomRecorder:
             if entry is not None and entry[0]() is root:
                 continue
             try:
-                handle = root.register_forward_hook(_RootHook(self), always_call=True)
+                handle = root.register_forward_hook(RootHook(self.on_exception), always_call=True)
             except TypeError:
                 return  # a torch without always_call: unhandled OOMs are still seen
             self._hooked_roots[rid] = (weakref.ref(root), handle)
@@ -215,12 +280,15 @@ class OomRecorder:
             return
         ref = weakref.ref(self)
 
-        def observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        # Called by the allocator at the failure, its lock released: (device, requested bytes,
+        # the memory it may use: the device's total or the per-process fraction's cap, free
+        # bytes the driver reported). Only numbers are kept.
+        def observer(device: int, alloc: int, device_limit: int, device_free: int) -> None:
             rec = ref()
             if rec is not None:
                 rec._observed[threading.get_ident()] = {
                     "device": int(device), "requested_bytes": int(alloc),
-                    "device_allocated": int(device_allocated), "device_free": int(device_free),
+                    "device_limit": int(device_limit), "device_free": int(device_free),
                     "t": time.time()}
 
         attach(observer)
@@ -261,6 +329,8 @@ class OomRecorder:
         prefix = agent.module_prefix(mods[0]) if mods else ""
         names = _names(mods, prefix)
         types = [type(m).__name__ for m in mods]
+        if mods:
+            self.armed.see_roots([mods[0]])
         del mods
         if phase is None:
             # the traceback first: tracker.phase stays "optimizer" after a step() that raised
@@ -287,7 +357,6 @@ class OomRecorder:
             "requested_bytes": requested, "requested_exact": exact,
             "device": "cpu", "live_bytes": None, "rss": None,
             "reserved_bytes": None, "device_free_bytes": None, "device_total_bytes": None,
-            "breakdown": agent.latest_breakdown(),
         }
         try:
             import psutil
@@ -297,67 +366,83 @@ class OomRecorder:
         except Exception:
             pass
         if cuda:
-            data.update(_cuda_state(message, observed))
+            data.update(_cuda_state(agent, message, observed))
         else:
             data["live_bytes"] = data["rss"]
+        data.update(self._breakdown(agent, data["device"], step))
         self.count += 1
+        self._oom_in_step = True
         agent.event("oom", f"{type(exc).__name__}: {message}", data)
         self.pending_failed = {"step": step, "start": step_start}
 
+    def _breakdown(self, agent: "CollectorHost", device: str, step: int) -> dict[str, Any]:
+        """What was live at the failure (the census), else the last profiled step's breakdown,
+        saying which it is."""
+        older = agent.latest_breakdown()
+        out: dict[str, Any] = {"profiled_breakdown": older}
+        counted = None
+        if self.censuses < MAX_CENSUSES:
+            self.censuses += 1
+            roots = [(r, agent.module_prefix(r)) for r in self.armed.live_roots()]
+            counted = census(device if device.startswith("cuda") else "cpu", agent.optimizers(),
+                             roots, self.armed.log())
+            del roots
+        if counted is not None:
+            by_module = counted.pop("activations_by_module")
+            keys = ("parameters", "gradients", "optimizer_state", "activations", "other")
+            out["breakdown"] = {k: counted[k] for k in keys}
+            out["breakdown_step"] = step
+            out["breakdown_at_failure"] = True
+            out["activations_by_module"] = by_module
+            out["census"] = {k: v for k, v in counted.items() if k not in keys}
+        else:
+            out["breakdown"] = {k: v for k, v in older.items() if k != "step"} if older else None
+            out["breakdown_step"] = older.get("step") if older else None
+            out["breakdown_at_failure"] = False
+            out["census"] = {"skipped": "limit of censuses per process reached"
+                             if self.censuses >= MAX_CENSUSES else "the census failed"}
+        return out
+
     def record_observed_leftovers(self, agent: "CollectorHost") -> None:
-        """CUDA OOMs the observer saw but no exception capture did (caught inside a forward of
-        a module no root hook covers): recorded from the observer's reading alone."""
+        """CUDA OOMs the observer saw but no exception capture did (caught inside a forward
+        the hooks did not cover): recorded from the observer's reading alone."""
         while self._observed:
             try:
                 _tid, obs = self._observed.popitem()
             except KeyError:
                 return
+            older = agent.latest_breakdown()
             data = {"step": agent.current_step, "phase": agent.phase
                     if agent.phase in ("backward", "optimizer") else "other",
                     "where": "cuda_observer", "module": None, "module_stack": [],
                     "message": f"CUDA out of memory on device {obs['device']}"
                                f" (requested {obs['requested_bytes']} bytes)",
                     "requested_bytes": obs["requested_bytes"], "requested_exact": True,
-                    "device": f"cuda:{obs['device']}", "live_bytes": obs["device_allocated"],
-                    "device_free_bytes": obs["device_free"], "breakdown": agent.latest_breakdown()}
+                    "device": f"cuda:{obs['device']}", "live_bytes": None,
+                    "device_free_bytes": obs["device_free"], "device_limit_bytes": obs["device_limit"],
+                    "breakdown": {k: v for k, v in older.items() if k != "step"} if older else None,
+                    "breakdown_step": older.get("step") if older else None,
+                    "breakdown_at_failure": False}
             self.count += 1
             agent.event("oom", data["message"], data)
 
 
-def _no_recorder() -> None:
-    return None
-
-
-class _RootHook:
-    """The always-call forward hook on a root module: it holds the recorder weakly and looks
-    only at the exception in flight, never at the output."""
-
-    def __init__(self, recorder: OomRecorder) -> None:
-        self._rec: Any = weakref.ref(recorder)
-
-    # A model pickled whole (torch.save(model)) carries its hooks: pickle this one as an inert
-    # hook instead of failing on the weak reference.
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._rec = _no_recorder
-
-    def __call__(self, module: Any, args: Any, output: Any) -> None:
-        if output is not None:
-            return None
+def _segments(torch: Any, index: int) -> list[dict[str, Any]] | None:
+    """The allocator's segments on device ``index`` (for the largest free block), without the
+    history's trace entries where this torch can leave them out (they can be many)."""
+    try:
         try:
-            exc = sys.exc_info()[1]
-            if exc is not None and is_oom(exc):
-                rec = self._rec()
-                if rec is not None:
-                    rec.record(exc, exc.__traceback__, where="forward_hook")
-        except Exception:
-            pass
+            segments = torch.cuda.memory_snapshot(include_traces=False)
+        except TypeError:  # a torch before include_traces
+            segments = torch.cuda.memory_snapshot()
+        return [s for s in segments if s.get("device") == index]
+    except Exception:
         return None
 
 
-def _cuda_state(message: str, observed: dict[str, Any] | None) -> dict[str, Any]:
+def _cuda_state(agent: "CollectorHost", message: str, observed: dict[str, Any] | None) -> dict[str, Any]:
+    """The allocator at the failure: counters, the largest free cached block, the driver's free
+    and total, NVML's view of the device (memory outside PyTorch). Only numbers."""
     out: dict[str, Any] = {}
     try:
         import torch
@@ -368,16 +453,28 @@ def _cuda_state(message: str, observed: dict[str, Any] | None) -> dict[str, Any]
             out["requested_bytes"] = observed["requested_bytes"]
             out["requested_exact"] = True
             out["device_free_bytes"] = observed["device_free"]
+            out["device_limit_bytes"] = observed["device_limit"]
         if torch.cuda.is_initialized():
             if index is None:
                 index = torch.cuda.current_device()
-            out["live_bytes"] = int(torch.cuda.memory_allocated(index))
-            out["reserved_bytes"] = int(torch.cuda.memory_reserved(index))
-            if "device_free_bytes" not in out:
-                free, total = torch.cuda.mem_get_info(index)
-                out["device_free_bytes"], out["device_total_bytes"] = int(free), int(total)
+            stats = torch.cuda.memory_stats(index)
+            segments = _segments(torch, index)
+            state = cuda.allocator_state(stats, segments)
+            del segments
+            out.update(state)
+            out["live_bytes"] = state.get("allocated_bytes")
+            free, total = torch.cuda.mem_get_info(index)
+            out.setdefault("device_free_bytes", int(free))
+            out["device_total_bytes"] = int(total)
+            nv = agent.nvml_memory(index)
+            if nv is not None:
+                out.update(cuda.outside_pytorch(nv.get("used"), nv.get("total"),
+                                                state.get("reserved_bytes"), nv.get("process_used")))
         elif observed:
-            out["live_bytes"] = observed["device_allocated"]
+            out["live_bytes"] = None
+        out["alloc_conf"] = alloc_conf()
+        out["expandable_segments"] = bool(out.get("expandable_segments")) or \
+            cuda.expandable_segments(out["alloc_conf"])
         out["device"] = f"cuda:{index}" if index is not None else "cuda"
     except Exception as exc:
         out["cuda_error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:200]

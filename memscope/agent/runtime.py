@@ -28,6 +28,7 @@ from memscope.agent.config import AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
 from memscope.agent.leak_collector import LeakCollector
 from memscope.agent.oom import OomRecorder, is_oom
+from memscope.agent.oom_hooks import alloc_conf
 from memscope.agent.sampler import SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.steps import StepTracker
 from memscope.store.runs import finish_run, register_process
@@ -72,6 +73,7 @@ class Agent:
         self._cuda_devices: list[int] = []
         self._cuda_peaks: dict[int, tuple[StepPeak, StepPeak]] = {}
         self._cuda_scanned = 0.0
+        self._cuda_limits: dict[int, int | None] = {}  # device -> bytes it may use (OOM arming)
         self._nvml: cuda.Nvml | None = None
         self._nvml_enabled = options.nvml
         self._nvml_last = 0.0
@@ -269,6 +271,10 @@ class Agent:
                 self.device = "cuda" if len(devices) > 1 else f"cuda:{devices[0]}"
                 self._writer.execute("UPDATE processes SET device = ? WHERE id = ?",
                                      (self.device, self.proc_id))
+                self._guard_call("cuda", self._cuda_first_seen)
+            for index in devices:
+                if index not in self._cuda_limits:
+                    self._cuda_limits[index] = cuda.device_limit(index, self.options.simulate_gpu)
             self._cuda_devices = devices
         for index in self._cuda_devices:
             stats = cuda.read_device_stats(index)
@@ -280,6 +286,12 @@ class Agent:
                 alloc_peak.observe(stats["allocated"])
                 reserved_peak.observe(stats["reserved"])
             self._writer.insert("cuda_samples", {"proc": self.proc_id, "t": t, "device": index, **stats})
+
+    def _cuda_first_seen(self) -> None:
+        """Once CUDA is in use: the allocator configuration, for the fragmentation advice."""
+        conf = alloc_conf()
+        self.event("cuda_allocator", f"allocator configuration: {conf or '(default)'}",
+                   {"alloc_conf": conf, "expandable_segments": cuda.expandable_segments(conf)})
 
     def _tick_nvml(self, t: float) -> None:
         if self._nvml is None:
@@ -305,12 +317,12 @@ class Agent:
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
         self._layers_close(step)
-        self._guard_call("oom", self._oom_step_close)
         self._tick(wait=False)
         hwm = rss_high_water_mark()
-        rss_now = self._process.memory_info().rss
+        mem = self._process.memory_info()
+        cuda_share = 0.0
         with self._lock:
-            peak_rss = self._rss_peak.close(hwm, rss_now)
+            peak_rss = self._rss_peak.close(hwm, mem.rss)
             peak_alloc = peak_reserved = None
             for index, (alloc, reserved) in self._cuda_peaks.items():
                 try:
@@ -318,10 +330,16 @@ class Agent:
                 except Exception:
                     continue
                 peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
-                peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
+                device_reserved = reserved.close(stats["reserved_peak"], stats["reserved"])
+                peak_reserved = (peak_reserved or 0) + device_reserved
+                limit = self._cuda_limits.get(index)
+                if limit:
+                    cuda_share = max(cuda_share, device_reserved / limit)
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok"})
+        self._guard_call("oom", lambda: self._oom_step_close(
+            max(cuda_share, self._oom.host_share(peak_rss, getattr(mem, "vms", None))), step + 1))
         self._leaks.step_closed(step, end - start)  # inventories, leak suspects' sites
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
@@ -337,11 +355,26 @@ class Agent:
         """The breakdown of the last profiled step (parameters, gradients, ...), if any."""
         return dict(self._last_breakdown) if self._last_breakdown else None
 
-    def _oom_step_close(self) -> None:
+    def _oom_step_close(self, memory_share: float, next_step: int) -> None:
+        """``memory_share``: the closed step's peak as a share of what the process may use."""
         self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
         self._oom.record_observed_leftovers(self)
-        if self.options.catch_forward_oom:
-            self._oom.hook_roots(self._layers.roots())
+        profiled_next = self._layers_enabled and self.options.profiles_layers(next_step)
+        self._oom.step_closed(memory_share, profiled_next, self._layers.roots(),
+                              self.options.catch_forward_oom)
+
+    def nvml_memory(self, index: int) -> dict[str, int | None] | None:
+        """NVML's reading of a CUDA device now (used, total, this process's share), or None."""
+        if not self._nvml_enabled:
+            return None
+        try:
+            if self._nvml is None:
+                self._nvml = cuda.Nvml()
+            used, total = self._nvml.memory(index)
+            return {"used": used, "total": total,
+                    "process_used": self._nvml.process_used(index, os.getpid())}
+        except Exception:
+            return None
 
     def _oom_finish(self) -> None:
         """At stop: remove the hooks; a step in progress that hit an OOM is a failed step."""
@@ -352,12 +385,21 @@ class Agent:
             self._oom.pending_failed = None
             hwm = rss_high_water_mark()
             rss_now = self._process.memory_info().rss
+            peak_alloc = peak_reserved = None
             with self._lock:
                 peak_rss = self._rss_peak.close(hwm, rss_now)
+                # the failing step's CUDA peak too: it is the run's peak when memory ran out there
+                for index, (alloc, reserved) in self._cuda_peaks.items():
+                    try:
+                        stats = cuda.read_device_stats(index)
+                    except Exception:
+                        continue
+                    peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
+                    peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
             self._writer.insert("steps", {"proc": self.proc_id, "step": pending["step"],
                                           "start": pending["start"], "end": time.time(),
-                                          "peak_rss": peak_rss, "peak_allocated": None,
-                                          "peak_reserved": None, "status": "failed"})
+                                          "peak_rss": peak_rss, "peak_allocated": peak_alloc,
+                                          "peak_reserved": peak_reserved, "status": "failed"})
 
     def _guard_call(self, name: str, fn: Any) -> None:
         """Run a no-argument collector call; on failure, say so once and carry on."""

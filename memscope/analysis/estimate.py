@@ -167,7 +167,7 @@ def estimate(i: Inputs) -> Estimate:
     }
     per_layer = None
     shape = [i.batch, i.seq, i.layers, i.hidden]
-    if any(v is not None for v in (i.batch, i.seq)):
+    if i.batch is not None:
         if None in shape:
             raise EstimateError("activations need --batch, --seq, --layers and --hidden together")
         assert i.batch and i.seq and i.layers and i.hidden
@@ -185,5 +185,6 @@ def estimate(i: Inputs) -> Estimate:
             acts = i.layers * per_layer + output
         comps["activations"] = acts
     else:
-        notes.append("no activations: give --batch, --seq, --layers and --hidden to add them")
+        # --seq alone counts the learned positions into the parameters (see param_count)
+        notes.append("no activations: add --batch (with --seq, --layers and --hidden) for them")
     return Estimate(i, params, per, comps, per_layer, notes)

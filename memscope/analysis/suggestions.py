@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories, suggestions as leak_suggestions
+from memscope.analysis.oom import ABSURD_REQUEST, demand, fragmentation
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.store.reader import RunReader
 
@@ -73,6 +74,19 @@ class Facts:
     activation_dtypes: dict[str, int]  # bytes of inventoried tensors with a grad_fn, by dtype
     cuda_peak: dict[str, Any] | None  # the cuda_samples row where reserved was highest
     tensor_peak: int | None = None  # exact live tensor bytes peak (``tensor_peak`` option: what-ifs)
+    oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
+    layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
+    basis: str = "at the peak"  # the moment the numbers describe
+    device_total: int | None = None  # the GPU's memory (NVML), or the --simulate-gpu cap
+
+    @property
+    def layer_source(self) -> str:
+        """Where the per-layer numbers come from, for the evidence."""
+        text = f"profiled step {self.layer_step}"
+        if self.layer_scale:
+            text += f", scaled x{self.layer_scale:.1f} to the activations live at the out-of-memory error"
+        return text
 
     def share(self, n: int) -> float:
         return n / self.tensor_total if self.tensor_total else 0.0
@@ -99,6 +113,19 @@ def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Sugges
 def gather(reader: RunReader, s: RunSummary) -> Facts | None:
     proc = s.main_proc
     bd = s.peak.breakdown or {}  # none without a profiled step: only the allocator rule applies
+    at_failure = s.peak.breakdown_at_failure
+    if not at_failure and s.oom is not None and s.oom.kind == "oom" and s.oom.breakdown_at_failure \
+            and (s.oom.proc is None or s.oom.proc == s.main_proc):
+        # a run that ran out of memory is judged at the failure, where memory ran out, whatever
+        # step its host RSS (which rarely falls) peaked in
+        at_failure = True
+    basis = "at the peak"
+    if at_failure and s.oom is not None:
+        bd = demand(s.oom) or bd
+        basis = "at the out-of-memory error"
+        req = s.oom.requested_bytes
+        if req is not None and req <= ABSURD_REQUEST and s.oom.phase in ("forward", "backward", "optimizer"):
+            basis += f" (live, plus the {_b(req)} it failed to allocate)"
     if proc is None:
         return None
     cuda = s.device.startswith("cuda")
@@ -123,16 +150,45 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
         rows = reader.query("SELECT * FROM cuda_samples WHERE reserved IS NOT NULL "
                             "ORDER BY reserved DESC, t LIMIT 1")
         cuda_peak = rows[0] if rows else None
+    scale = None
+    if at_failure and layers and s.hotspot_step is not None:
+        # the breakdown is the failing step's (a bigger batch, often): per-layer numbers of the
+        # profiled step are scaled to the activations measured live at the failure
+        prof = reader.scalar("SELECT activations FROM step_breakdown WHERE proc = ? AND step = ?",
+                             (proc, s.hotspot_step))
+        live = int(bd.get("activations") or 0)
+        if prof and live > prof:
+            scale = live / int(prof)
+            layers = [{**r, "saved_bytes": int((r["saved_bytes"] or 0) * scale),
+                       "output_bytes": int((r["output_bytes"] or 0) * scale)} for r in layers]
+    oom_alloc, expandable = _allocator_facts(reader, s)
     world = max([int(p.get("world_size") or 1) for p in s.processes] or [1])
     peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
              if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
     return Facts(device=s.device, world_size=world, steps=s.steps,
+                 device_total=_device_total(reader) if cuda else None,
                  parameters=int(bd.get("parameters") or 0), gradients=int(bd.get("gradients") or 0),
                  optimizer_state=int(bd.get("optimizer_state") or 0),
                  activations=int(bd.get("activations") or 0), other=int(bd.get("other") or 0),
                  tensor_total=total, layers=layers, layer_step=s.hotspot_step,
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
-                 tensor_peak=max(peaks) if peaks else None)
+                 tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
+                 expandable_segments=expandable, layer_scale=scale, basis=basis)
+
+
+def _allocator_facts(reader: RunReader, s: RunSummary) -> tuple[dict[str, Any] | None, bool]:
+    """The CUDA allocator's state at the run's OOM (when it was read there), and whether
+    expandable segments were already on (the OOM record, the agent's ``cuda_allocator`` event,
+    an imported snapshot's allocator settings)."""
+    d = s.oom.data if s.oom is not None and s.oom.kind == "oom" else {}
+    state = d if d.get("reserved_bytes") is not None and d.get("inactive_split_bytes") is not None else None
+    on = bool(d.get("expandable_segments"))
+    for ev in reader.events("cuda_allocator"):
+        on = on or bool(isinstance(ev["data"], dict) and ev["data"].get("expandable_segments"))
+    for ev in reader.events("snapshot"):
+        settings = ev["data"].get("allocator_settings") if isinstance(ev["data"], dict) else None
+        on = on or bool(isinstance(settings, dict) and settings.get("expandable_segments") is True)
+    return state, on
 
 
 # -- the rules -----------------------------------------------------------------------------------
@@ -328,8 +384,8 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
     return [Suggestion(
         "activation_checkpointing", saving,
         f"activations {_b(f.activations)} ({f.share(f.activations):.0%} of {_b(f.tensor_total)} "
-        f"of tensors at the peak); {len(names)} numbered {kind} children of "
-        f"{plan.container or '(model)'} save {_b(plan.in_blocks)} (profiled step {f.layer_step}); "
+        f"of tensors {f.basis}); {len(names)} numbered {kind} children of "
+        f"{plan.container or '(model)'} save {_b(plan.in_blocks)} ({f.layer_source}); "
         f"{shape}: they keep {_b(plan.kept)} of segment inputs; in backward the largest "
         f"segment comes back ({_b(plan.work)}) with {_b(plan.grads)} of gradients; "
         f"{_b(plan.outside)} outside the blocks stays"
@@ -432,7 +488,7 @@ def gradient_accumulation(f: Facts) -> list[Suggestion]:
     return [Suggestion(
         "gradient_accumulation", saving,
         f"activations {_b(f.activations)} are {f.share(f.activations):.0%} of {_b(f.tensor_total)} "
-        f"of tensors at the peak and scale with the micro-batch; a {k}x smaller micro-batch keeps "
+        f"of tensors {f.basis} and scale with the micro-batch; a {k}x smaller micro-batch keeps "
         f"{_b(f.activations // k)}",
         f"divide the batch size by {k} and call optimizer.step() / zero_grad() every {k} "
         f"micro-batches, with `(loss / {k}).backward()`: the same effective batch and the same "
@@ -466,7 +522,7 @@ def efficient_attention(f: Facts) -> list[Suggestion]:
         "efficient_attention", saving,
         f"{len(hits)} attention module(s) ({names}) save far more than their input, q, k, v and "
         f"output: {h0[0]} ({h0[1]}) saves {_b(h0[2])} with its children for an output of "
-        f"{_b(h0[3])} (profiled step {f.layer_step}): the N x N attention scores kept for backward",
+        f"{_b(h0[3])} ({f.layer_source}): the N x N attention scores kept for backward",
         "replace the explicit `softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v` (and its mask) with "
         "`torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)` "
         "(or attn_mask=...): flash / memory-efficient kernels never store the N x N scores; "
@@ -500,7 +556,7 @@ def optimizer_offload(f: Facts) -> list[Suggestion]:
     return [Suggestion(
         "optimizer_offload", f.optimizer_state,
         f"optimizer state {_b(f.optimizer_state)} is {f.share(f.optimizer_state):.0%} of "
-        f"{_b(f.tensor_total)} of GPU tensors at the peak",
+        f"{_b(f.tensor_total)} of GPU tensors {f.basis}",
         "keep the optimizer state in CPU memory: DeepSpeed ZeRO-Offload "
         '(`"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}`) or FSDP '
         "with `cpu_offload=CPUOffload(offload_params=True)`; the optimizer step then runs on the "
@@ -547,7 +603,28 @@ def quantization(f: Facts) -> list[Suggestion]:
 
 
 def allocator_config(f: Facts) -> list[Suggestion]:
-    """Inactive split blocks are reserved memory no allocation can reuse: fragmentation."""
+    """Inactive split blocks are reserved memory no allocation can reuse: fragmentation. Read at
+    the OOM when the run had one (the cache held enough free bytes for the request but no block
+    that large, or split blocks were a large share of reserved), else at the highest reserved
+    sample. Not suggested when expandable segments are already on: they are the fix."""
+    if f.expandable_segments:
+        return []
+    d = f.oom_allocator
+    if d is not None:
+        frag = fragmentation(d)
+        if frag is None:
+            return []
+        reserved, split = frag["reserved_bytes"], frag["split_bytes"]
+        blocked = ""
+        if frag["blocked"]:
+            blocked = (f"; the cache held {_b(frag['cached_free_bytes'])} free but its largest block was "
+                       f"{_b(frag['largest_free_block_bytes'])}, less than the {_b(frag['requested_bytes'])} "
+                       "asked for: fragmentation caused the out-of-memory error")
+        retries = int(d.get("alloc_retries") or 0)
+        evidence = (f"at the out-of-memory error ({_b(reserved)} reserved, {_b(int(d.get('allocated_bytes') or 0))} "
+                    f"allocated) {_b(split)} ({split / reserved:.0%} of reserved) sat in inactive split "
+                    "blocks" + blocked + (f"; {retries} allocation retries (cache flushes)" if retries else ""))
+        return [Suggestion("allocator_config", split, evidence, _ALLOCATOR_HOW)]
     r = f.cuda_peak
     if r is None or not r.get("reserved") or r.get("inactive_split") is None:
         return []
@@ -561,14 +638,66 @@ def allocator_config(f: Facts) -> list[Suggestion]:
         f"at the highest reserved memory ({_b(reserved)} reserved, {_b(allocated)} allocated) "
         f"{_b(split)} ({split / reserved:.0%} of reserved) sat in inactive split blocks "
         "(fragmentation)" + (f"; {retries} allocation retries (cache flushes)" if retries else ""),
-        "set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment before the "
-        "script starts (segments grow in place instead of splitting fixed blocks); if it is "
-        "already set, `max_split_size_mb:N` limits splitting of large blocks")]
+        _ALLOCATOR_HOW)]
+
+
+_ALLOCATOR_HOW = ("set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment before the "
+                  "script starts (segments grow in place instead of splitting fixed blocks)")
+
+
+def _device_total(reader: RunReader) -> int | None:
+    """The memory the run had: the --simulate-gpu cap when one applied, else NVML's total."""
+    caps = [int(e["data"]["simulate_gpu_bytes"]) for e in reader.events("simulate_gpu")
+            if isinstance(e["data"], dict) and e["data"].get("simulate_gpu_bytes")]
+    if caps:
+        return min(caps)
+    total = reader.scalar("SELECT max(total) FROM nvml_samples")
+    return int(total) if total else None
+
+
+NEAR_LIMIT = 0.90  # reserved at least this share of the device: plan for it (fit_plan)
+
+
+def fit_plan(f: Facts) -> list[Suggestion]:
+    """A run near its GPU's limit: the cheapest combination of techniques that leaves the CUDA
+    context and the fragmentation allowance free, as ``memscope fit`` ranks plans
+    (memscope.analysis.fit), with peaks composed from the other rules' estimated savings."""
+    from memscope.analysis import fit as planning
+
+    r = f.cuda_peak
+    if not f.device_total or r is None or not r.get("reserved"):
+        return []
+    reserved = int(r["reserved"])
+    if reserved < NEAR_LIMIT * f.device_total:
+        return []
+    peak = int(r.get("allocated_peak") or r.get("allocated") or reserved)
+    allowance = planning.Allowance()
+    usable = allowance.usable(f.device_total)
+    savings = {s.technique: s.estimated_saving_bytes
+               for rule in (mixed_precision, activation_checkpointing, gradient_accumulation,
+                            lighter_optimizer, sharding) for s in rule(f)}
+    plans = planning.plan_from_savings(peak, usable, savings, f.activations, f.world_size)
+    chosen = next((p for p in plans if p.fits), None)
+    if chosen is None:
+        chosen = min(plans, key=lambda p: p.peak_bytes) if plans else None
+    if chosen is None or peak - chosen.peak_bytes <= 0:
+        return []
+    names = " + ".join(t["technique"] for t in chosen.techniques)
+    verdict = "the cheapest plan that fits" if chosen.fits else "no plan of these fits; the one that saves most"
+    size = f"{f.device_total / 2**30:.0f}GiB"
+    return [Suggestion(
+        "fit_plan", peak - chosen.peak_bytes,
+        f"{_b(reserved)} reserved at the highest, {reserved / f.device_total:.0%} of the "
+        f"{_b(f.device_total)} device ({_b(peak)} allocated); {allowance.describe(f.device_total)}",
+        f"{verdict}: {names} (predicted allocator peak {_b(chosen.peak_bytes)} of "
+        f"{_b(usable)} usable; cost: {chosen.cost}), composed from the other suggestions' savings; for "
+        f"plans measured by fake runs of the script, with the largest micro-batch: "
+        f"`memscope fit --gpu {size} SCRIPT.py ARGS`")]
 
 
 RULES: list[Callable[[Facts], list[Suggestion]]] = [
     mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
-    lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config,
+    lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config, fit_plan,
 ]
 
 

@@ -24,6 +24,8 @@ class Peak:
     proc: int | None = None
     breakdown: dict[str, int] | None = None
     whole_run_bytes: int | None = None  # highest reading anywhere in the run, steps or not
+    breakdown_step: int | None = None  # the step the breakdown was measured in
+    breakdown_at_failure: bool = False  # measured at the OOM itself (the failing step's peak)
 
 
 @dataclass
@@ -77,6 +79,11 @@ def summarize(reader: RunReader) -> RunSummary:
                      if h.activation_bytes > 0]
         peak.breakdown = breakdown_at(reader, peak.proc if peak.proc is not None else main["id"],
                                       peak.step, peak.bytes)
+        peak.breakdown_step = _breakdown_step(reader, peak.proc if peak.proc is not None else main["id"],
+                                              peak.step) if peak.breakdown else None
+    oom = post_mortem(reader)
+    if main is not None:
+        _breakdown_at_failure(peak, oom, main["id"])
     return RunSummary(
         path=reader.path,
         command=run["command"],
@@ -98,11 +105,33 @@ def summarize(reader: RunReader) -> RunSummary:
         hotspot_step=spot_step,
         main_proc=main["id"] if main else None,
         leaks=leaks_of(reader, main["id"] if main else None),
-        oom=post_mortem(reader),
+        oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
         techniques=_techniques(reader),
         ranks=rank_summaries(reader),
     )
+
+
+def _breakdown_step(reader: RunReader, proc: int | None, near: int | None) -> int | None:
+    """The profiled step :func:`breakdown_at` took the breakdown from."""
+    rows = reader.query("SELECT DISTINCT step FROM step_breakdown WHERE proc = ? ORDER BY step", (proc,))
+    return choose_step([int(r["step"]) for r in rows], near)
+
+
+def _breakdown_at_failure(peak: Peak, oom: OomReport | None, main: int) -> None:
+    """When the peak is the step that ran out of memory, its breakdown is what the OOM census
+    found live at the failure (``other``: the peak minus the four categories, as for a profiled
+    step), not a profiled step's."""
+    if oom is None or oom.kind != "oom" or not oom.breakdown_at_failure or peak.bytes is None:
+        return
+    if oom.step is None or oom.step != peak.step or (oom.proc is not None and oom.proc != (peak.proc or main)):
+        return
+    bd = oom.breakdown or {}
+    parts = {k: int(bd.get(k) or 0) for k in ("parameters", "gradients", "optimizer_state", "activations")}
+    parts["other"] = max(0, peak.bytes - sum(parts.values()))
+    peak.breakdown = parts
+    peak.breakdown_step = oom.step
+    peak.breakdown_at_failure = True
 
 
 def _techniques(reader: RunReader) -> list[dict[str, Any]]:
@@ -151,7 +180,8 @@ def find_peak(reader: RunReader, procs: list[dict[str, Any]],
     for proc, steps in steps_by_proc.items():
         for s in steps:
             value = s[column]
-            if value is None or s["status"] != "ok":
+            # the failing step (an OOM) is a step: its peak is the run's when it is the highest
+            if value is None or s["status"] not in ("ok", "failed"):
                 continue
             if best is None or value > (best.bytes or 0):  # strict: the earliest step wins a tie
                 best = Peak(int(value), int(s["step"]), whole.metric, proc)

@@ -12,6 +12,7 @@ from memscope.cli import diff as diff_cmd
 from memscope.cli import merge as merge_cmd
 from memscope.cli import whatif
 from memscope.cli import estimate as estimate_cmd
+from memscope.cli import fit as fit_cmd
 from memscope.cli.errors import CliError
 from memscope.store.schema import RunFileError
 
@@ -24,6 +25,7 @@ COMMANDS = {
     "oom": oom,
     "import": import_snapshot,
     "estimate": estimate_cmd,
+    "fit": fit_cmd,
     "whatif": whatif,
     "export": export,
     "merge": merge_cmd,

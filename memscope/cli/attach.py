@@ -44,8 +44,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="tensor inventory for leak detection every N steps, exactly "
                              f"(0: never; default {AgentOptions.inventory_every}, stretched by the budget)")
     parser.add_argument("--catch-forward-oom", action="store_true",
-                        help="also record forward OOMs the script catches itself, on CPU (adds a "
-                             "forward hook to the model's root module)")
+                        help="record forward OOMs the script catches itself in every step (by "
+                             "default: step 0, profiled steps, steps near the memory limit); adds a "
+                             "forward hook to the model's root module")
     parser.add_argument("--inventory-budget", type=float, default=None, metavar="F",
                         help="share of run time inventories may take before the next is pushed out "
                              f"(default {AgentOptions.inventory_budget}; 0: no limit)")

@@ -23,10 +23,18 @@ def count(text: str) -> float:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    parser.usage = ("memscope estimate [OPTIONS] SCRIPT.py [ARGS...]   (options before the script)\n"
+                    "       memscope estimate --params N | --layers L --hidden H [...]")
     parser.add_argument("script", nargs="?", metavar="SCRIPT.py",
-                        help="estimate by running this training script briefly on CPU")
+                        help="estimate from this training script's first steps, run fake (no memory)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="arguments for the script")
+                        help="arguments for the script: everything after it is the script's")
+    parser.add_argument("--measure", action="store_true",
+                        help="with a script: run 2 real steps on CPU instead of a fake run")
+    parser.add_argument("--steps", type=int, default=2, metavar="N",
+                        help="with a script: fake steps to run (default %(default)s)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="with a script: no pretend GPU (torch.cuda.is_available() stays False)")
     parser.add_argument("--params", type=count, help="parameter count (7e9, 7B, 350M)")
     parser.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS),
                         help="optimizer (default adamw)")

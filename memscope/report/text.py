@@ -41,14 +41,22 @@ def render_summary(s: RunSummary) -> str:
         lines.append("peak      -")
     else:
         where = f"at step {s.peak.step}" if s.peak.step is not None else "outside any step"
+        if s.oom is not None and s.oom.kind == "oom" and s.peak.step is not None and s.oom.step == s.peak.step:
+            where += " (the step that ran out of memory)"
         lines.append(f"peak      {human_bytes(s.peak.bytes)} {_METRIC.get(s.peak.metric, s.peak.metric)} {where}")
         if s.peak.whole_run_bytes and s.peak.whole_run_bytes > s.peak.bytes:
             lines.append(f"          {human_bytes(s.peak.whole_run_bytes)} at most over the whole run, "
                          "outside the steps (start-up, evaluation, shutdown)")
     if s.peak.breakdown:
         bd = s.peak.breakdown
+        if s.peak.breakdown_at_failure:
+            source = f" (at the OOM in step {s.peak.breakdown_step}; other: the peak minus these)"
+        elif s.peak.breakdown_step is not None and s.peak.breakdown_step != s.peak.step:
+            source = f" (measured at profiled step {s.peak.breakdown_step})"
+        else:
+            source = ""
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
-                                               for k, v in bd.items()))
+                                               for k, v in bd.items()) + source)
     if s.oom is not None and s.oom.kind == "oom":
         where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"

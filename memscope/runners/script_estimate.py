@@ -1,21 +1,23 @@
 """``memscope estimate SCRIPT.py [ARGS...]``: the GPU peak of a script, predicted on a CPU.
 
-The script runs for two steps on CPU under the agent (``max_steps=2``, per-layer profiling of
-step 1, the first step whose breakdown includes the optimizer state the first step created).
-Byte counts of parameters, gradients, optimizer state and the activations saved for backward do
-not depend on the device, so their sum is the allocator's training peak on a GPU, to within:
+Two methods, both counting tensor bytes, which do not depend on the device:
 
-* the CUDA context (driver, kernels; not in torch's allocator counters): a stated allowance,
-  ``CUDA_CONTEXT_ALLOWANCE`` (it varies from about 300 MiB to 1 GiB with GPU and CUDA version);
-* allocator rounding and fragmentation, cuBLAS / cuDNN workspaces, and temporaries that are not
-  saved for backward (a few percent to tens of percent on large models);
-* code paths that differ by device: fused / flash attention on CUDA saves less than the CPU
-  math path, ``torch.cuda.amp`` branches, a dtype chosen by device.
+* ``fake`` (the default): the script's first steps run under FakeTensorMode
+  (memscope.runners.fake_estimate, memscope.agent.fakerun): every tensor has its shape and
+  dtype and no memory, so a 7B model "trains" on a laptop; a script that says ``.cuda()`` gets
+  a pretend GPU. The peak is the exact peak of live tensor bytes, temporaries included, the
+  same figure ``whatif`` measures on real runs; with each allocation rounded up to the CUDA
+  caching allocator's 512-byte blocks it is what ``torch.cuda.max_memory_allocated`` reports.
+* ``measured`` (``--measure``): two real steps on CPU under the agent (``max_steps=2``,
+  per-layer profiling and the exact live-tensor peak of step 1). The script must run on CPU and
+  fit in this machine's memory; one that hard-codes ``.cuda()`` is said in one line.
 
-Limits: the script must run on CPU. One that hard-codes ``.cuda()`` / ``device="cuda"`` dies
-with "Torch not compiled with CUDA enabled" (or "no NVIDIA driver"): that is said in one line.
+Both add a stated allowance for the CUDA context (``CUDA_CONTEXT_ALLOWANCE``; 300 MiB to 1 GiB
+by GPU and CUDA version). Not counted: the caching allocator's fragmentation (reserved above
+allocated), cuBLAS / cuDNN workspaces, and code paths that differ on a GPU (flash attention
+kernels, fused optimizers).
 
-This module spawns the run through the supervisor's environment and never imports torch.
+This module spawns the runs and never imports torch.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from memscope.agent.config import AgentOptions
@@ -34,6 +37,7 @@ from memscope.errors import UserError as CliError
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, finish_run, prepare_path
+from memscope.runners.fake_estimate import FakeResult, FakeRunner
 from memscope.runners.supervisor import child_environment, record_killed
 
 CUDA_CONTEXT_ALLOWANCE = 512 << 20
@@ -96,73 +100,198 @@ def run_recorded(script: str, script_args: Sequence[str], db: str,
 
 @dataclass
 class ScriptEstimate:
+    method: str  # "fake" or "measured"
     script: str
-    db: str
-    step: int
+    db: str | None  # the run file of a measured estimate
+    step: int  # the step whose figures these are
     parameters: int
     gradients: int
     optimizer_state: int
-    activations: int
-    allocator_peak: int  # the four above
+    activations: int  # saved for backward, the most alive at once
+    allocator_peak: int  # the live-tensor peak as the CUDA allocator counts it (see the doc)
+    tensor_peak: int | None  # the exact peak of live tensor bytes
+    sum_of_parts: int  # the four above added: not the peak (temporaries, timing)
     cuda_context: int
     device_total: int  # what nvidia-smi would show, roughly
+    peak_breakdown: dict[str, int] | None = None  # what was live at the peak, by category
+    modules: list[dict[str, Any]] = field(default_factory=list)  # activations per module
+    placeholders: list[dict[str, Any]] = field(default_factory=list)  # data-dependent scalars
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"schema": "memscope.estimate/1", **asdict(self)}
 
 
 def estimate_from_run(reader: RunReader, script: str) -> ScriptEstimate | None:
-    """The estimate from the last profiled step's breakdown of the main process."""
+    """The measured estimate: the last profiled step's breakdown of the main process and the
+    highest exact live-tensor peak of the run (``tensor_peak`` events)."""
     rows = reader.query("SELECT * FROM step_breakdown ORDER BY step DESC, proc LIMIT 1")
     if not rows:
         return None
     r = rows[0]
     parts = {k: int(r[k] or 0) for k in COMPONENTS}
     total = sum(parts.values())
-    return ScriptEstimate(script, reader.path, int(r["step"]), **parts, allocator_peak=total,
+    peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
+             if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
+    peak = max(peaks) if peaks else None
+    notes = []
+    if peak is None:
+        notes.append("no live-tensor peak was measured: the allocator peak is the sum of the parts")
+    allocator = peak if peak is not None else total
+    return ScriptEstimate("measured", script, reader.path, int(r["step"]), parts["parameters"],
+                          parts["gradients"], parts["optimizer_state"], parts["activations"],
+                          allocator_peak=allocator, tensor_peak=peak, sum_of_parts=total,
                           cuda_context=CUDA_CONTEXT_ALLOWANCE,
-                          device_total=total + CUDA_CONTEXT_ALLOWANCE)
+                          device_total=allocator + CUDA_CONTEXT_ALLOWANCE, notes=notes)
+
+
+def estimate_from_fake(result: FakeResult, script: str) -> ScriptEstimate:
+    """The fake estimate: the states at the last step, the activations and the peak of the
+    step that peaked highest."""
+    steps = result.steps
+    top = max(steps, key=lambda s: s["peak_bytes"]) if steps else {}
+    parts = {k: int(result[k] or 0) for k in COMPONENTS}
+    rounded = result.peak_rounded
+    modules = sorted((m for m in result["modules"] or [] if m.get("saved_bytes")),
+                     key=lambda m: -m["saved_bytes"])
+    notes = []
+    if any(p.get("kind") in ("int", "size") for p in result["placeholders"] or []):
+        notes.append("an integer or a size the script read from tensor values was replaced by a "
+                     "placeholder: sizes that depend on it may be wrong")
+    return ScriptEstimate("fake", script, None, int(top.get("step", 0)), **parts,
+                          allocator_peak=rounded, tensor_peak=result.peak,
+                          sum_of_parts=sum(parts.values()), cuda_context=CUDA_CONTEXT_ALLOWANCE,
+                          device_total=rounded + CUDA_CONTEXT_ALLOWANCE,
+                          peak_breakdown=result["peak_breakdown"], modules=modules,
+                          placeholders=list(result["placeholders"] or []), notes=notes)
 
 
 def render(e: ScriptEstimate) -> str:
-    lines = [f"estimated GPU peak of {e.script} (measured on CPU, step {e.step}; byte counts do "
-             "not depend on the device)"]
+    if e.method == "fake":
+        how = f"fake run under FakeTensorMode, nothing allocated; peak in step {e.step}"
+    else:
+        how = f"measured on CPU, step {e.step}"
+    lines = [f"estimated GPU peak of {e.script} ({how}; byte counts do not depend on the device)"]
     for k in COMPONENTS:
-        lines.append(f"  {k.replace('_', ' '):<18}{human_bytes(getattr(e, k)):>12}")
-    lines.append(f"  {'allocator peak':<18}{human_bytes(e.allocator_peak):>12}  "
-                 "(torch.cuda.max_memory_allocated)")
+        lines.append(f"  {k.replace('_', ' '):<18}{human_bytes(getattr(e, k)):>12}"
+                     + ("  (saved for backward, the most alive at once)" if k == "activations" else ""))
+    lines.append(f"  {'sum of the four':<18}{human_bytes(e.sum_of_parts):>12}  (not the peak: "
+                 "temporaries add, states and activations peak at different moments)")
+    if e.tensor_peak is not None:
+        extra = e.tensor_peak - e.sum_of_parts
+        lines.append(f"  {'live-tensor peak':<18}{human_bytes(e.tensor_peak):>12}  (every tensor "
+                     f"alive at once, exact; {'+' if extra >= 0 else '-'}{human_bytes(abs(extra))} "
+                     "against the sum)")
+    label = ("(torch.cuda.max_memory_allocated: each allocation rounded up to 512 B)"
+             if e.method == "fake" else "(torch.cuda.max_memory_allocated, before 512-byte rounding)")
+    lines.append(f"  {'allocator peak':<18}{human_bytes(e.allocator_peak):>12}  {label}")
     lines.append(f"  {'+ CUDA context':<18}{human_bytes(e.cuda_context):>12}  (allowance; "
                  "300 MiB to 1 GiB by GPU and CUDA version)")
     lines.append(f"  {'device total':<18}{human_bytes(e.device_total):>12}  (about what "
-                 "nvidia-smi shows)")
-    lines.append("  not counted: allocator rounding and fragmentation, cuBLAS/cuDNN workspaces, "
-                 "temporaries not saved for backward, CUDA-only code paths (flash attention)")
-    lines.append(f"  run file: {e.db}")
+                 "nvidia-smi shows, before the caching allocator's fragmentation)")
+    if e.peak_breakdown:
+        lines.append("  at the peak: " + " · ".join(
+            f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in e.peak_breakdown.items()))
+    if e.modules:
+        top = e.modules[:5]
+        lines.append("  activations by module: " + " · ".join(
+            f"{m['module'] or '(model)'}{' (' + m['type'] + ')' if m.get('type') else ''} "
+            f"{human_bytes(m['saved_bytes'])}" for m in top)
+            + (f" · {len(e.modules) - 5} more" if len(e.modules) > 5 else ""))
+    for p in e.placeholders[:3]:
+        lines.append(f"  placeholder: {p['site']} x{p['count']} (a fake run has no values)")
+    lines.extend(f"  note: {n}" for n in e.notes)
+    lines.append("  not counted: allocator fragmentation, cuBLAS/cuDNN workspaces, CUDA-only code "
+                 "paths (flash attention, fused optimizers)")
+    if e.db:
+        lines.append(f"  run file: {e.db}")
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point for ``memscope estimate SCRIPT.py ...`` (args.script, args.script_args)."""
-    script = args.script
-    if not os.path.isfile(script):
-        raise CliError(f"estimate: no such script: {script}")
-    workdir = getattr(args, "db_dir", None) or tempfile.mkdtemp(prefix="memscope-estimate-")
+_HINT_FLAGS = ("--json", "--measure", "--steps", "--cpu")
+
+
+def _hint(script_args: Sequence[str], error: str) -> str:
+    """memscope's own options after the script go to the script: say so when it choked."""
+    mine = [a for a in script_args if a.split("=")[0] in _HINT_FLAGS]
+    if mine and ("unrecognized arguments" in error or "exited with status 2" in error):
+        return (f" ({' '.join(mine)} went to the script: memscope's options go before it, "
+                "e.g. memscope estimate --json SCRIPT.py ARGS)")
+    return ""
+
+
+def run_fake(script: str, script_args: Sequence[str], steps: int = 2, pretend_cuda: bool = True,
+             workdir: str | None = None, runner: FakeRunner | None = None) -> ScriptEstimate:
+    """The fake estimate (a warm ``runner`` may be passed in; else one is started)."""
+    if runner is not None:
+        result = runner.run(script, script_args, steps=steps, pretend_cuda=pretend_cuda)
+    else:
+        with FakeRunner(workdir) as own:
+            result = own.run(script, script_args, steps=steps, pretend_cuda=pretend_cuda)
+    if not result.ok:
+        if result["status"] == "ended" and not result.steps:
+            raise CliError(f"estimate: {script} completed no training step in the fake run (a "
+                           "step is an optimizer.step(), or a backward without an optimizer); "
+                           f"log: {result.log}")
+        error = result.error or "ended early"
+        if result["status"] == "exit":
+            error += ": " + _last_line(result.log)
+        raise CliError(f"estimate: {script} failed in the fake run: {error}"
+                       f"{_hint(script_args, error)} (log: {result.log}; "
+                       "memscope estimate --measure runs real steps on CPU instead)")
+    return estimate_from_fake(result, script)
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def run_measured(script: str, script_args: Sequence[str], workdir: str) -> ScriptEstimate:
     stem = os.path.splitext(os.path.basename(script))[0]
     db = os.path.join(workdir, f"estimate-{stem}.db")
-    child = run_recorded(script, list(getattr(args, "script_args", None) or []), db,
+    child = run_recorded(script, list(script_args), db,
                          {"max_steps": 2, "layers_every": 1, "layers_first": 1,
-                          "inventory_every": 0})
+                          "inventory_every": 0, "tensor_peak": True})
     if not child.ok:
         if child.log_mentions(_CUDA_ONLY):
             raise CliError(f"estimate: {script} needs CUDA (it hard-codes .cuda() or "
                            "device='cuda'), so it cannot be estimated on CPU")
         why = f"signal {child.signal}" if child.signal is not None else f"exit {child.exit_code}"
-        raise CliError(f"estimate: {script} failed on CPU ({why}): {child.last_error()} "
+        raise CliError(f"estimate: {script} failed on CPU ({why}): {child.last_error()}"
+                       f"{_hint(script_args, 'exited with status 2' if child.exit_code == 2 else '')} "
                        f"(log: {child.log})")
     with RunReader(db) as reader:
         est = estimate_from_run(reader, script)
     if est is None:
         raise CliError(f"estimate: {script} completed no profiled training step (it needs at "
                        f"least 2 steps with a backward); run file: {db}")
+    return est
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point for ``memscope estimate [OPTIONS] SCRIPT.py ARGS`` (args.script, args.script_args)."""
+    script = args.script
+    if not os.path.isfile(script):
+        raise CliError(f"estimate: no such script: {script}")
+    script_args = list(getattr(args, "script_args", None) or [])
+    workdir = getattr(args, "db_dir", None) or tempfile.mkdtemp(prefix="memscope-estimate-")
+    if getattr(args, "measure", False):
+        est = run_measured(script, script_args, workdir)
+    else:
+        steps = int(getattr(args, "steps", None) or 2)
+        if steps < 1:
+            raise CliError("estimate: --steps must be at least 1")
+        est = run_fake(script, script_args, steps=steps, pretend_cuda=not getattr(args, "cpu", False),
+                       workdir=workdir)
+        if not getattr(args, "db_dir", None):
+            shutil.rmtree(workdir, ignore_errors=True)  # the logs matter only when it failed
     if getattr(args, "json", False):
-        print(json.dumps({"schema": "memscope.estimate/1", **asdict(est)}, indent=2))
+        print(json.dumps(est.as_json(), indent=2))
     else:
         print(render(est))
     return 0

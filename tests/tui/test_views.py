@@ -43,6 +43,15 @@ def text_of(app: MemscopeApp, selector: str) -> str:
     return str(app.query_one(selector, Static).render())
 
 
+def rendered(app: MemscopeApp, selector: str, width: int = 200) -> str:
+    """A Static's renderable (a Group, a Table) as the plain text it draws."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None)
+    console.print(app.query_one(selector, Static).content)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())
+
+
 def column(table: DataTable[Any], index: int) -> list[str]:
     return [str(table.get_row_at(i)[index]) for i in range(table.row_count)]
 
@@ -224,12 +233,13 @@ async def test_oom_post_mortem(oom_run: Path) -> None:
     app = MemscopeApp(str(oom_run))
     async with app.run_test(size=(80, 24)) as pilot:
         await opened(pilot, app, "6")
-        body = text_of(app, "#oom-body")
+        body = rendered(app, "#oom-body")
         status = text_of(app, "#status")
         label = str(app.query_one(TabbedContent).get_tab("oom").label)
     assert body.startswith(f"OUT OF MEMORY at step {oom.step}, {oom.phase} in module {oom.module}")
-    assert f"requested  {human_bytes(oom.requested_bytes)}" in body
-    assert "what to change" in body and "shape bug" in body  # ~3 PB: a shape bug, says the advice
+    assert f"requested {human_bytes(oom.requested_bytes)}" in body
+    assert "breakdown at the failure" in body  # what was live when it failed, not a profiled step
+    assert "change    a shape bug" in body  # ~3 PB: a shape bug, says the advice
     assert status.startswith("OOM (exit 1)")
     assert label.endswith("!")
 

@@ -1,15 +1,26 @@
-"""6 · OOM: the post-mortem when the run ran out of memory (or was killed)."""
+"""6 · OOM: the post-mortem when the run ran out of memory (or was killed).
+
+The same facts as ``memscope oom`` (memscope.analysis.oom.facts): what and where, memory against
+the limits, the CUDA allocator's state and memory outside PyTorch, what was live at the failure
+by category and by module (or by allocation site, for an imported snapshot), what to change.
+"""
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from memscope.units import human_bytes
+from memscope.analysis.oom import facts
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View
+
+_LABEL = 10
+_STYLE = {"what": "bold", "change": "bold green", "breakdown": "bold", "by module": "bold",
+          "by site": "bold", "allocator": "bold", "outside": "bold", "memory": "bold", "where": "bold"}
 
 
 class OomView(View):
@@ -26,25 +37,22 @@ class OomView(View):
             box.update(Text("no out-of-memory error in this run" +
                             (" (so far)" if snap.summary.status == "running" else ""), style="green"))
             return
-        out = Text()
-        title = "OUT OF MEMORY" if r.kind == "oom" else "KILLED"
-        out.append(title, style="bold red")
-        out.append(f" at step {r.step if r.step is not None else '?'}")
+        title = Text()
+        title.append("OUT OF MEMORY" if r.kind == "oom" else "KILLED", style="bold red")
+        title.append(f" at step {r.step if r.step is not None else '?'}")
         if r.phase:
-            out.append(f", {r.phase}")
+            title.append(f", {r.phase}")
         if r.module:
-            out.append(" in module ")
-            out.append(r.module, style="bold")
-        out.append("\n\n")
-        if r.requested_bytes is not None:
-            out.append(f"requested  {human_bytes(r.requested_bytes)} ({r.requested_bytes} bytes)\n")
-        if r.live_bytes is not None:
-            out.append(f"live       {human_bytes(r.live_bytes)}\n")
-        out.append(f"message    {r.message.strip().splitlines()[-1] if r.message.strip() else '-'}\n")
-        if r.others:
-            out.append(f"           and {r.others} more out-of-memory errors after it\n")
-        if snap.oom_advice:
-            out.append("\nwhat to change\n", style="bold")
-            for line in snap.oom_advice:
-                out.append(f"  • {line}\n")
-        box.update(out)
+            title.append(" in module ")
+            title.append(r.module, style="bold")
+        title.append("\n")
+        # two columns: a long fact wraps under its own text, not under the labels
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=_LABEL - 1, no_wrap=True)
+        grid.add_column(ratio=1)
+        section = ""
+        for label, text in facts(r):
+            section = label or section
+            grid.add_row(Text(label, style=_STYLE.get(label, "bold")),
+                         Text(text, style="green" if section == "change" else ""))
+        box.update(Group(title, grid))
