@@ -22,8 +22,6 @@ import psutil
 import torch
 
 from memscope.agent import cuda
-from memscope.agent import oom as _oom_module
-from memscope.agent.compiled import runtime_only
 from memscope.agent.config import AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
 from memscope.agent.leak_collector import LeakCollector
@@ -35,13 +33,6 @@ from memscope.store.runs import finish_run, register_process
 from memscope.store.writer import BUSY_TIMEOUT_S, RunWriter
 
 _DEVICE_RESCAN_S = 1.0
-
-# The OOM recorder's forward hook on the model runs inside model.compile()d calls too: keep
-# Dynamo from compiling its frame (memscope.agent.compiled.runtime_only). TODO(oom): decorate it
-# in oom.py instead.
-_root_hook_call = getattr(getattr(_oom_module, "_RootHook", None), "__call__", None)
-if _root_hook_call is not None:
-    runtime_only(_root_hook_call)
 
 
 def _env_int(name: str) -> int | None:
