@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from memscope.units import parse_size
+
 ENV_DB = "MEMSCOPE_DB"
 ENV_OPTIONS = "MEMSCOPE_OPTIONS"  # JSON object of AgentOptions fields
 ENV_SKIP_CHILD_OF = "MEMSCOPE_SKIP_CHILD_OF"  # pid of a launcher's parent: its direct child is a launcher
@@ -84,6 +86,10 @@ class AgentOptions:
         if unknown:
             raise ValueError(f"unknown memscope option(s): {', '.join(sorted(unknown))}")
         values = dict(values)
+        if isinstance(values.get("simulate_gpu"), str):  # "24GiB" in Python as on the command line
+            values["simulate_gpu"] = parse_size(values["simulate_gpu"])
+        if isinstance(values.get("try_techniques"), str):  # one technique, or "a,b"
+            values["try_techniques"] = [t for t in values["try_techniques"].split(",") if t]
         if "inventory_every" in values and "inventory_budget" not in values:
             values["inventory_budget"] = 0.0  # an explicit cadence is kept as asked
         return cls(**values).validate()

@@ -47,6 +47,11 @@ class CollectorHost(Protocol):
     def module_prefix(self, module: Any) -> str:
         """The dotted prefix that names ``module`` as the model the user built sees it."""
 
+    def module_name(self, module: Any) -> str | None:
+        """``module``'s full name as per-layer rows name it (its model's prefix, then its dotted
+        name in the outermost module holding it); None when unknown. Walks gc referrers: rare
+        callers only."""
+
     def nvml_memory(self, index: int) -> dict[str, int | None] | None:
         """NVML's reading of CUDA device ``index`` now: ``used``, ``total`` (all processes) and
         ``process_used`` (this process, when NVML can tell); None without NVML."""

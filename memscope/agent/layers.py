@@ -17,12 +17,27 @@ also gives the live saved bytes
 (``max_live``, the activations at their peak in the step). Between profiled steps every hook is
 removed, so PyTorch's no-hook fast path returns.
 
-Module names are the dotted names of ``named_modules()`` of the outermost module called with an
-empty stack (a *root*). The first root's names are plain (the root itself is ``""``); later
-distinct roots (a loss module called on its own, say) are prefixed with their class name and
-``":"`` (``"CrossEntropyLoss:"``). Saved tensors packed outside every module go to
-``NO_MODULE``. Forward calls made during backward (checkpoint recomputation) or with grad
-disabled (evaluation) are not counted.
+A module called with an empty stack is a *root*. Names are those of the root's outermost
+container (memscope.agent.module_names: the model the user built, also when a framework calls a
+submodule first, ``net.0`` under Lightning; wrappers such as ``torch.compile``'s
+``OptimizedModule`` and DDP take the name of what they wrap). The first such model's names are
+plain (the model itself is ``""``); later distinct models (a loss module called on its own, say)
+are prefixed with their class name and ``":"`` (``"CrossEntropyLoss:"``). Saved tensors packed
+outside every module go to ``NO_MODULE``. Forward calls made during backward (checkpoint
+recomputation) or with grad disabled (evaluation) are not counted.
+
+``torch.compile`` (memscope.agent.compiled): the module hooks are out of Dynamo's sight while it
+compiles (``shield``: so it never guards on them, and adding or removing them never
+recompiles), and every hook returns at once if Dynamo traces it anyway, so it inlines as
+nothing (no graph break, no failure under ``fullgraph=True``). Modules inside a compiled
+region are not called at run time, so its saved tensors, time and outputs are charged to the
+module that called the compiled code: the ``OptimizedModule`` itself, named as the module it
+wraps. Global module hooks make ``OptimizedModule.__call__`` warn, so while a compiled module
+exists (or from the moment ``torch.compile(module)`` builds one during a profiled step) the
+profiler hooks the modules of the models one by one instead (picklable, inert when pickled),
+outside compiled regions: the models holding the compiled modules and those seen before. Graph modules the compiler made are
+never rows. The saved-tensors hooks are never traced (Dynamo disables them while tracing, and
+their guard ignores hooks that are not graph modules).
 
 Backward time per module (``backward_s``) without global full backward hooks (they wrap every
 module's inputs and outputs in ``BackwardHookFunction`` and change the graph): at forward-post of
@@ -53,6 +68,16 @@ from typing import Any, Callable
 import torch
 from torch.nn.modules import module as _nn_module
 
+from memscope.agent.compiled import (
+    CompileWatch,
+    is_compiler_module,
+    is_compiling,
+    optimized_modules,
+    runtime_only,
+    shield,
+)
+from memscope.agent.module_names import dotted_names, outermost
+
 NO_MODULE = "<no module>"
 
 
@@ -72,17 +97,16 @@ class ModuleStats:
 
 @dataclass
 class _Root:
+    ref: weakref.ReferenceType[Any]  # a module called with an empty stack
+    top: weakref.ReferenceType[Any] | None = None  # its outermost container, once resolved
+    prefix: str = ""
+
+
+@dataclass
+class _Top:
     ref: weakref.ReferenceType[Any]
-    target: weakref.ReferenceType[Any]  # the module whose named_modules() names it
-    prefix: str
+    prefix: str  # "" for the first model, "CrossEntropyLoss:" for a later distinct one
     names: dict[int, str] = field(default_factory=dict)
-
-
-def _naming_target(root: Any) -> Any:
-    """``torch.compile(model)`` returns an OptimizedModule wrapping the model: name by the model."""
-    if type(root).__name__ == "OptimizedModule":
-        return getattr(root, "_orig_mod", root)
-    return root
 
 
 def _graph_task_id() -> int:
@@ -140,6 +164,13 @@ class LayerProfiler:
         self._bw_handles: list[Any] = []
         self._bw_nodes: dict[Any, tuple[list[Any], list[Any]]] = {}  # (thread, seq nr) -> calls
         self._cuda = False  # read the allocator around each counted call
+        self._tops: dict[int, _Top] = {}  # id(outermost container) -> prefix and names
+        # compiled mode: a torch.compile(module) result exists, so hooks go on each module
+        self.compiled_mode = False
+        self._watch = CompileWatch(self._on_compiled)
+        self._global_handles: list[Any] = []
+        self._hooked: set[int] = set()  # ids of modules hooked one by one in this step
+        shield.add(self._module_hook_handles)  # out of Dynamo's sight while it compiles
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -158,12 +189,19 @@ class LayerProfiler:
         self._bw_handles = []
         self._bw_nodes = {}
         self._cuda = _cuda_ready()
+        self._hooked = set()
         self.active = True
-        self._handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
-        try:
-            self._handles.append(_nn_module.register_module_forward_hook(self._post, always_call=True))
-        except TypeError:  # an older torch without always_call
-            self._handles.append(_nn_module.register_module_forward_hook(self._post))
+        compiled = optimized_modules()
+        self.compiled_mode = self.compiled_mode or bool(compiled)
+        if self.compiled_mode:
+            self._hook_each(self._models(compiled))
+        else:
+            # No always_call: Dynamo tracing a call with an always-called hook guards on that
+            # hook's id, and the next step's hook has another: a recompile. A forward that
+            # raises leaves its frame on the stack instead (see _pre).
+            self._global_handles.append(_nn_module.register_module_forward_pre_hook(self._pre))
+            self._global_handles.append(_nn_module.register_module_forward_hook(self._post))
+            self._watch.install()  # torch.compile(module) during the step: go per module
         try:
             if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
                 # The script's own hooks (save_on_cpu, say) are active: pushing ours on top
@@ -180,12 +218,15 @@ class LayerProfiler:
     def end(self) -> list[ModuleStats]:
         """Remove every hook and return the step's per-module rows (most saved bytes first)."""
         self.active = False
+        self._watch.remove()
+        self._remove_global()
         for h in self._handles:
             try:
                 h.remove()
             except Exception:
                 pass
         self._handles.clear()
+        self._hooked = set()
         for h in self._bw_handles:  # on graph nodes: a graph kept past the step loses them
             try:
                 h.remove()
@@ -224,6 +265,91 @@ class LayerProfiler:
             entry = self._roots.get(id(module))
         return entry.prefix if entry is not None and entry.ref() is module else ""
 
+    def module_name(self, module: Any) -> str | None:
+        """The full name of any module as the rows name it (its model's prefix and its dotted
+        name in that model); None when that fails. A walk up through gc referrers: for rare
+        callers (an OOM post-mortem)."""
+        try:
+            top, path = outermost(module)
+            with self._lock:
+                info = self._tops.get(id(top))
+                prefix = info.prefix if info is not None and info.ref() is top else ""
+            if not prefix:
+                return path
+            return prefix + path if path else prefix[:-1]
+        except Exception:
+            return None
+
+    # -- installing hooks ----------------------------------------------------------------------
+
+    def _module_hook_handles(self) -> list[Any]:
+        return [*self._global_handles, *self._handles]
+
+    def _remove_global(self) -> None:
+        for h in self._global_handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._global_handles = []
+
+    def _models(self, compiled: list[Any]) -> list[Any]:
+        """Compiled mode: the models to hook module by module: the outermost containers of the
+        compiled modules (found through gc referrers) and of the roots seen so far. A module no
+        model holds that was never called on a profiled step before (a loss module) is not
+        hooked: what it saves is under NO_MODULE."""
+        tops: dict[int, Any] = {}
+        with self._lock:
+            known = [t.ref() for t in self._tops.values()]
+            known += [r.ref() for r in self._roots.values()]
+        for m in [*compiled, *known]:
+            if m is None:
+                continue
+            try:
+                top = outermost(m)[0]
+            except Exception:
+                top = m
+            tops[id(top)] = top
+        return list(tops.values())
+
+    def _hook_each(self, tops: list[Any]) -> None:
+        """Compiled mode: a pre and a post hook on every module of ``tops`` (not on graph
+        modules the compiler made)."""
+        pre, post = _PreHook(self), _PostHook(self)
+        todo = [t for t in tops if not is_compiler_module(t)]
+        while todo:
+            m = todo.pop()
+            if id(m) in self._hooked:
+                continue
+            self._hooked.add(id(m))
+            compiled_in_place = getattr(m, "_compiled_call_impl", None) is not None
+            if not compiled_in_place:  # module.compile(): its hooks would run compiled
+                try:
+                    self._handles.append(m.register_forward_pre_hook(pre))
+                    self._handles.append(m.register_forward_hook(post))
+                except Exception:
+                    pass
+            if compiled_in_place or type(m).__name__ == "OptimizedModule":
+                continue  # nothing inside a compiled region runs as a module: no hooks there
+            try:
+                todo.extend(c for c in m._modules.values()
+                            if c is not None and not is_compiler_module(c))
+            except Exception:
+                pass
+
+    def _on_compiled(self, optimized: Any, wrapped: Any) -> None:
+        """``torch.compile(wrapped)`` is building ``optimized`` during a profiled step that has
+        global hooks: before it can be called (and warn), swap them for per-module hooks, none
+        inside ``wrapped`` (not yet registered in ``optimized``, so still a top of its own).
+        The registration hook calling this stays installed (removing it while torch iterates
+        over the registration hooks would fail) until the step ends."""
+        if not self.active or self.compiled_mode:
+            return
+        self.compiled_mode = True
+        self._remove_global()
+        self._hooked.update(id(m) for m in wrapped.modules())
+        self._hook_each([optimized, *self._models([wrapped])])
+
     # -- module hooks --------------------------------------------------------------------------
 
     def _stack(self) -> list[list[Any]]:
@@ -232,14 +358,21 @@ class LayerProfiler:
             stack = self._local.stack = []
         return stack
 
+    @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
-        if not self.active:
-            return
+        if is_compiling() or not self.active:
+            return  # Dynamo traces this as nothing
+        if is_compiler_module(module):
+            return  # a compiled region's own graph module: part of its caller
         try:
             stack = self._stack()
             # not counted: evaluation without grad, and recomputation inside backward
             # (activation checkpointing); such calls still keep the stack paired
             counted = torch.is_grad_enabled() and _graph_task_id() < 0
+            if stack and stack[0][0] is module:
+                # the model called again while "running": its previous forward raised (no
+                # post hook ran) and the script caught it; start over
+                del stack[:]
             if stack:
                 root_id = stack[0][1]
                 counted = counted and stack[-1][3]
@@ -254,8 +387,9 @@ class LayerProfiler:
         except Exception:
             pass
 
+    @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        if not self.active:
+        if is_compiling() or not self.active:
             return
         try:
             stack = self._stack()
@@ -310,6 +444,7 @@ class LayerProfiler:
         for n in ins:
             self._node_calls(n)[1].append(call)
 
+    @runtime_only
     def _node_calls(self, node: Any) -> tuple[list[Any], list[Any]]:
         """The (starting, ending) calls of a graph node, hooking it on first sight. Nodes are
         keyed by their sequence number (unique per thread), never by a kept reference."""
@@ -340,6 +475,7 @@ class LayerProfiler:
                 self._bw_nodes[key] = entry
         return entry
 
+    @runtime_only
     def _end_with_pass(self, call: list[Any]) -> None:
         def ended() -> None:
             if call[2] is None and self.active:
@@ -363,20 +499,14 @@ class LayerProfiler:
         return st
 
     def _see_root(self, root: Any) -> None:
-        """First sight of a root in this step: its names (once per root) and its parameter and
-        buffer storages (every profiled step: they can move)."""
+        """First sight of a root in this step: remember it (named at the end of the step) and
+        its parameter and buffer storages (every profiled step: they can move)."""
         with self._lock:
             rid = id(root)
             entry = self._roots.get(rid)
             if entry is None or entry.ref() is not root:
-                target = _naming_target(root)
                 self._roots = {k: v for k, v in self._roots.items() if v.ref() is not None}
-                same = [r for r in self._roots.values() if r.target() is target]
-                if same:
-                    prefix = same[0].prefix
-                else:
-                    prefix = "" if not self._roots else type(target).__name__ + ":"
-                self._roots[rid] = _Root(weakref.ref(root), weakref.ref(target), prefix)
+                self._roots[rid] = _Root(weakref.ref(root))
             self._step_roots.add(rid)
             for t in list(root.parameters()) + list(root.buffers()):
                 try:
@@ -384,8 +514,28 @@ class LayerProfiler:
                 except Exception:
                     pass
 
+    def _top_of(self, entry: _Root) -> _Top | None:
+        """The outermost container of a root, its prefix and its names (found once per root:
+        a walk up through gc referrers)."""
+        root = entry.ref()
+        if root is None:
+            return None
+        top = entry.top() if entry.top is not None else None
+        if top is None:
+            top = outermost(root)[0]
+            entry.top = weakref.ref(top)
+        with self._lock:
+            self._tops = {k: v for k, v in self._tops.items() if v.ref() is not None}
+            info = self._tops.get(id(top))
+            if info is None or info.ref() is not top:
+                prefix = "" if not self._tops else _model_class(top) + ":"
+                info = self._tops[id(top)] = _Top(weakref.ref(top), prefix)
+            entry.prefix = info.prefix
+        return info
+
     # -- saved tensors -------------------------------------------------------------------------
 
+    @runtime_only
     def _pack(self, t: Any) -> Any:
         if not self.active:
             return t
@@ -413,6 +563,10 @@ class LayerProfiler:
                 if self.live_bytes > self.max_live:
                     self.max_live = self.live_bytes
             stack = self._stack()
+            if stack and not stack[-1][3]:
+                # a forward that is not counted saves only when it is a recomputation inside
+                # backward (reentrant checkpointing): alive for a moment, not a forward's saving
+                return saved
             if stack:
                 frame = stack[-1]
                 st = self._module_stats(frame[0], frame[1])
@@ -425,6 +579,7 @@ class LayerProfiler:
             pass
         return t
 
+    @runtime_only
     def _released(self, key: tuple[int, int]) -> Callable[[Any], None]:
         def callback(ref: Any) -> None:
             try:
@@ -445,24 +600,31 @@ class LayerProfiler:
 
     def _resolve(self) -> list[ModuleStats]:
         rows: list[ModuleStats] = []
+        for rid, entry in list(self._roots.items()):  # models get their prefixes in call order
+            if rid in self._step_roots:
+                try:
+                    self._top_of(entry)
+                except Exception:
+                    pass
         for (root_id, mod_id), st in self._stats.items():
             entry = self._roots.get(root_id)
-            root = entry.ref() if entry is not None else None
-            target = entry.target() if entry is not None else None
+            info = None
+            try:
+                info = self._top_of(entry) if entry is not None else None
+            except Exception:
+                info = None
+            top = info.ref() if info is not None else None
             name = None
-            if entry is not None and root is not None and target is not None:
-                name = entry.names.get(mod_id)
+            if info is not None and top is not None:
+                name = info.names.get(mod_id)
                 if name is None:  # first time, or a module added since: (re)compute once
                     try:
-                        entry.names = {id(m): n for n, m in target.named_modules()}
-                        entry.names[id(root)] = ""
+                        info.names = dotted_names(top)
                     except Exception:
-                        entry.names = {}
-                    name = entry.names.get(mod_id)
-                if name is not None:
-                    name = entry.prefix + name if entry.prefix else name
-                    if entry.prefix and name.endswith(":"):
-                        name = name[:-1]
+                        info.names = {}
+                    name = info.names.get(mod_id)
+                if name is not None and info.prefix:
+                    name = info.prefix + name if name else info.prefix[:-1]
             st.name = name if name is not None else f"<{st.type}>"
             rows.append(st)
         if self._no_module.saved_tensors:
@@ -524,6 +686,59 @@ class LayerProfiler:
 
 def _unpack(t: Any) -> Any:
     return t
+
+
+def _model_class(top: Any) -> str:
+    """The class name a later distinct model's rows are prefixed with (a wrapper's: what it wraps)."""
+    from memscope.agent.module_names import wrapped_child
+
+    seen = 0
+    while seen < 4:
+        hidden = wrapped_child(top)
+        if hidden is None:
+            break
+        top = top._modules[hidden]
+        seen += 1
+    return type(top).__name__
+
+
+class _PreHook:
+    """A per-module forward pre-hook (compiled mode). It holds the profiler weakly, and a model
+    pickled whole during a profiled step (torch.save(model), copy.deepcopy) carries an inert
+    copy instead of failing on the profiler's locks."""
+
+    def __init__(self, profiler: LayerProfiler) -> None:
+        self._profiler: Any = weakref.ref(profiler)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._profiler = _nothing
+
+    @runtime_only
+    def __call__(self, module: Any, args: Any) -> None:
+        if is_compiling():
+            return None  # Dynamo traces this as nothing
+        profiler = self._profiler()
+        if profiler is not None:
+            profiler._pre(module, args)
+        return None
+
+
+class _PostHook(_PreHook):
+    @runtime_only
+    def __call__(self, module: Any, args: Any, output: Any) -> None:  # type: ignore[override]
+        if is_compiling():
+            return None
+        profiler = self._profiler()
+        if profiler is not None:
+            profiler._post(module, args, output)
+        return None
+
+
+def _nothing() -> None:
+    return None
 
 
 MAX_BACKWARD_HOOKS = 100_000  # node hooks per profiled step; calls beyond it are not timed

@@ -24,6 +24,19 @@ that group's signature, over three step boundaries:
 Cost: Python-level work on every torch call of two steps and a trace call per Python call for up
 to three steps, once per suspect; nothing at all otherwise. Only weak references to tensors are
 kept; the frame is never kept (the tracer receives it per event).
+
+``torch.compile``: a function mode on the stack is part of Dynamo's guards (pushing one would
+recompile every compiled function called under it) and global module hooks make
+``OptimizedModule.__call__`` warn, so nothing is armed once Dynamo has compiled anything in the
+process (the leak is still reported, with its holder, without site and module), and an arming
+in progress stops the moment ``torch.compile(module)`` builds a compiled module. The mode and
+hooks return at once while Dynamo traces.
+
+Threads: the mode sits on the training thread's own (thread-local) stack. When ``disarm`` runs
+on another thread (``memscope.stop()`` from the main thread while a worker thread trains), the
+mode turns inert at once and the training thread pops it itself at its next Python call: the
+trace function memscope set on that thread when arming sees the orphan and removes it, then
+itself. (With a debugger or coverage tracer owning that thread's tracing, the inert mode stays.)
 """
 
 from __future__ import annotations
@@ -39,6 +52,9 @@ from typing import Any
 import torch
 from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
+
+from memscope.agent.compiled import CompileWatch, compile_used, is_compiling, runtime_only, shield
+from memscope.agent.module_names import module_path
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -88,7 +104,10 @@ class _Mode(TorchFunctionMode):
         super().__init__()
         self.owner = owner
 
+    @runtime_only
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if is_compiling():
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if self.owner.capturing:
             try:
@@ -116,6 +135,12 @@ class SiteCapture:
         self._thread: int | None = None
         self._pending: set[Signature] = set()
         self.results: dict[Signature, tuple[str | None, str | None]] = {}  # site, module
+        self._watch = CompileWatch(self._on_compiled)
+        self.skipped: str | None = None  # why the last arming did not happen, if it did not
+        shield.add(self._hook_handles)  # out of Dynamo's sight while it compiles
+
+    def _hook_handles(self) -> list[Any]:
+        return list(self._hooks)
 
     # -- arming and the step boundaries --------------------------------------------------------
 
@@ -146,6 +171,9 @@ class SiteCapture:
             armed[(dims, dtype, device, bool(rg), fn)] = sig
         if not armed:
             return
+        if compile_used():
+            self.skipped = "torch.compile is in use (a function mode would recompile its graphs)"
+            return
         self._armed = armed
         self._shapes = {k[0] for k in armed}
         self._candidates = []
@@ -156,8 +184,14 @@ class SiteCapture:
         self._mode.__enter__()
         self._hooks = [_nn_module.register_module_forward_pre_hook(self._pre),
                        _nn_module.register_module_forward_hook(self._post)]
+        self._watch.install()
         self._phase = "capture"
         self.capturing = True
+        # The trace function on this thread, from now on: it is how an orphaned mode is
+        # removed by this thread (see the module doc). Not over a debugger's or coverage's.
+        if sys.gettrace() is None:
+            sys.settrace(_global_trace)
+            self._tracing = True
 
     def boundary(self) -> dict[Signature, tuple[str | None, str | None]]:
         """At a step boundary: move capture -> store -> resolved. Returns the signatures
@@ -183,12 +217,16 @@ class SiteCapture:
         self._stop_capture()
         if self._tracing:
             self._tracing = False
-            if sys.gettrace() is _global_trace and threading.get_ident() == self._thread:
-                sys.settrace(None)
+            if threading.get_ident() == self._thread:
+                if sys.gettrace() is _global_trace:
+                    sys.settrace(None)
+            elif self._thread is not None:
+                _ORPHANS.setdefault(self._thread, None)  # that thread drops its tracer itself
         self._phase = None
         self._candidates = []
         self._armed = {}
         self._outputs = {}
+        self._watch.remove()
 
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker forked during an arming): the thread state
@@ -216,18 +254,34 @@ class SiteCapture:
             try:
                 # pop ours only when it is on top (a mode the script pushed since stays put; ours
                 # then passes calls through untouched)
-                if torch.overrides._get_current_function_mode() is mode:
+                if threading.get_ident() != self._thread:
+                    if self._thread is not None:  # that thread's stack: it pops it itself
+                        _ORPHANS[self._thread] = mode
+                elif torch.overrides._get_current_function_mode() is mode:
                     mode.__exit__(None, None, None)
             except Exception:
                 pass
 
+    def _on_compiled(self, optimized: Any, wrapped: Any) -> None:
+        """torch.compile(module) during an arming: stop capturing before the compiled module
+        can be called (global hooks make it warn; the mode would recompile it)."""
+        self.skipped = "torch.compile was used during the capture"
+        self._stop_capture()
+        self._phase = "store" if self._phase is not None else None
+
     # -- capture -------------------------------------------------------------------------------
 
+    @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
+        if is_compiling():
+            return
         if self.capturing and threading.get_ident() == self._thread:
             self._stack.append(module)
 
+    @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        if is_compiling():
+            return
         if not (self.capturing and threading.get_ident() == self._thread):
             return
         try:
@@ -311,46 +365,6 @@ class SiteCapture:
         return out
 
 
-def module_path(module: Any, max_depth: int = 12) -> str:
-    """The dotted name of ``module`` in the outermost model holding it (``blocks.1.attn``; ""
-    for a model that no module holds), found by walking up parents through ``gc.get_referrers``
-    (a module called on its own, ``model[1](x)``, has no root that names it otherwise). With
-    several parents (``model[2:]`` makes a Sequential sharing children), the one with the most
-    children wins: the model, not a slice of it."""
-    parts: list[str] = []
-    m = module
-    seen = {id(m)}
-    for _ in range(max_depth):
-        found = _parent(m)
-        if found is None or id(found[0]) in seen:
-            break
-        seen.add(id(found[0]))
-        parts.append(found[1])
-        m = found[0]
-    del m
-    return ".".join(reversed(parts))
-
-
-def _parent(module: Any) -> tuple[Any, str] | None:
-    import gc
-
-    best: tuple[Any, str] | None = None
-    for d in gc.get_referrers(module):
-        if type(d) is not dict:
-            continue
-        keys = [k for k, v in d.items() if v is module and isinstance(k, str)]
-        if not keys:
-            continue
-        for owner in gc.get_referrers(d):
-            if type(owner) is dict and owner.get("_modules") is d:  # an instance __dict__
-                owner = next((o for o in gc.get_referrers(owner)
-                              if isinstance(o, torch.nn.Module) and o.__dict__ is owner), None)
-            if isinstance(owner, torch.nn.Module) and owner.__dict__.get("_modules") is d:
-                if best is None or len(d) > len(best[0]._modules):
-                    best = (owner, keys[0])
-    return best
-
-
 _CONTAINERS = (list, dict, set, deque)
 
 
@@ -417,8 +431,36 @@ def _holds(c: Any, t: Any) -> bool:
     return False
 
 
+# thread id -> a mode memscope left on that thread's stack (None: only its tracer), to be
+# removed by that thread (disarmed from another one)
+_ORPHANS: dict[int, Any] = {}
+
+
+@runtime_only
 def _global_trace(frame: Any, event: str, arg: Any) -> None:
+    if _ORPHANS:
+        _sweep()
     return None  # no per-call tracing: only frames given a _LineTracer are traced
+
+
+def _sweep() -> None:
+    """On a thread left with memscope's mode or tracer by a disarm from another thread: pop the
+    mode once it is on top of this thread's stack (not while it runs, nor under a mode the
+    script pushed since), then stop tracing this thread."""
+    tid = threading.get_ident()
+    if tid not in _ORPHANS:
+        return
+    mode = _ORPHANS[tid]
+    try:
+        if mode is not None:
+            if torch.overrides._get_current_function_mode() is not mode:
+                return  # ours is running, or under another mode: next call
+            mode.__exit__(None, None, None)
+        del _ORPHANS[tid]
+        if sys.gettrace() is _global_trace:
+            sys.settrace(None)
+    except Exception:
+        _ORPHANS.pop(tid, None)
 
 
 class _LineTracer:
@@ -429,6 +471,7 @@ class _LineTracer:
         self.owner = owner
         self.cands = [cand]
 
+    @runtime_only
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
         if not self.owner._tracing:
             return None

@@ -31,6 +31,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from memscope.agent.compiled import CompileWatch, compiled_modules_alive, runtime_only, shield
 from memscope.agent.oom_census import CallLog
 
 ARM_SHARE = 0.25  # a step that peaked above this share of the memory limit arms the next one
@@ -52,13 +53,27 @@ class ArmedHooks:
         # A torch.compile'd model was called: global hooks present while dynamo compiles make it
         # trace them (and recompile when they change), so they are taken away for good.
         self.compiled = False
+        # torch.compile(module) built one during an armed step: take the global hooks away
+        # before it is called (OptimizedModule.__call__ warns when there are global hooks)
+        self._watch = CompileWatch(self._on_compiled)
+        shield.add(self._hook_handles)  # out of Dynamo's sight while it compiles
+
+    def _hook_handles(self) -> list[Any]:
+        return list(self._handles)
+
+    def _on_compiled(self, optimized: Any, wrapped: Any) -> None:
+        self.compiled = True
+        self._remove_hooks()  # not the watch: torch is iterating the registration hooks now
 
     @property
     def armed(self) -> bool:
         return bool(self._handles)
 
     def arm(self) -> None:
-        if self._handles:
+        if self._handles or self.compiled:
+            return
+        if compiled_modules_alive():  # a torch.compile(module) exists: its calls would warn
+            self.compiled = True
             return
         import torch
         from torch.nn.modules import module as nn_module
@@ -68,8 +83,13 @@ class ArmedHooks:
         self._compiling = _compiling_check(torch)
         self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
         self._handles.append(nn_module.register_module_forward_hook(self._post, always_call=True))
+        self._watch.install()
 
     def disarm(self) -> None:
+        self._remove_hooks()
+        self._watch.remove()
+
+    def _remove_hooks(self) -> None:
         for h in self._handles:
             try:
                 h.remove()
@@ -94,6 +114,7 @@ class ArmedHooks:
         log: CallLog = self._local.log
         return log
 
+    @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
         # Inside a region torch.compile traces, do nothing: a call dynamo cannot trace would break
         # its graph (and warn). The compiled module's own call is still seen, in eager mode.
@@ -111,6 +132,7 @@ class ArmedHooks:
         except Exception:
             pass
 
+    @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if self._compiling():
             return
@@ -155,6 +177,7 @@ class RootHook:
     def __reduce__(self) -> tuple[Any, ...]:
         return (functools.partial, (contextlib.AbstractContextManager.__exit__, None))
 
+    @runtime_only
     def __call__(self, module: Any, args: Any, output: Any) -> None:
         if output is not None:
             return None

@@ -244,6 +244,9 @@ class Agent:
     def module_prefix(self, module: Any) -> str:
         return self._layers.root_prefix(module)
 
+    def module_name(self, module: Any) -> str | None:
+        return self._layers.module_name(module)
+
     # -- sampling ------------------------------------------------------------------------------
 
     def _tick(self, wait: bool = True) -> None:

@@ -14,8 +14,11 @@ Sizes are parsed by :func:`memscope.units.parse_size` (the CLI's, without torch)
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
+
+from memscope.agent.config import ENV_DB
 
 def install(agent: Any, size: int) -> None:
     """Arrange the cap (see the module doc). Never raises into the training."""
@@ -25,7 +28,10 @@ def install(agent: Any, size: int) -> None:
         msg = ("--simulate-gpu applies only on CUDA: no CUDA device here, the run goes on "
                "without a memory cap")
         agent.event("warning", f"simulate_gpu: {msg}", {"simulate_gpu_bytes": size})
-        print(f"memscope: {msg}", file=sys.stderr)
+        if not os.environ.get(ENV_DB):
+            # memscope.start(): say it now. Under attach nothing goes into the training's own
+            # output: the supervisor prints this event's line after the run.
+            print(f"memscope: {msg}", file=sys.stderr)
         return
 
     def apply() -> None:

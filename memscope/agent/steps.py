@@ -12,7 +12,9 @@ Three modes, chosen as the run shows itself:
 * ``manual``: the script called ``memscope.step()``; automatic detection is then off.
 
 Hooks: the global optimizer step pre/post hooks, and a thin wrapper around
-``torch.autograd.backward`` (``Tensor.backward`` calls it). Neither touches a tensor.
+``torch.autograd.backward`` (``Tensor.backward`` calls it). Neither touches a tensor. Both do
+nothing while Dynamo traces (``torch.compile``), so they never break a graph; an optimizer
+step compiled into a graph therefore marks no step (mark them with ``memscope.step()``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import weakref
 from typing import Any, Callable
 
 import torch
+
+from memscope.agent.compiled import is_compiling, runtime_only
 
 CloseFn = Callable[[int, float, float], None]
 
@@ -47,6 +51,7 @@ class StepTracker:
 
     # -- install / remove ----------------------------------------------------------------------
 
+    @runtime_only
     def install(self) -> None:
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
@@ -60,7 +65,7 @@ class StepTracker:
         tracker = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if not tracker.enabled:
+            if is_compiling() or not tracker.enabled:
                 return orig(*args, **kwargs)
             depth = getattr(tracker._backward_depth, "n", 0)
             tracker._backward_depth.n = depth + 1
@@ -106,10 +111,16 @@ class StepTracker:
             self.mode = "manual"
             self._close(time.time())
 
+    @runtime_only
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         self.phase = "optimizer"
 
+    @runtime_only
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         self.phase = "other"
         if not self.enabled:
             return
@@ -154,11 +165,18 @@ def _any_optimizer_alive() -> bool:
     # Fast path: Optimizer.__init__ wraps its class's step() once and marks it ``hooked``.
     if any(getattr(cls.step, "hooked", False) for cls in _subclasses(torch.optim.Optimizer)):
         return True
-    # Otherwise one gc walk (tens of ms in a large process), only for scripts without one.
-    # type() rather than isinstance(): isinstance falls back to ``o.__class__``, which some lazy
-    # module proxies answer with a deprecation warning.
+    # Otherwise the objects that refer to an optimizer class (instances do), only for scripts
+    # without one. gc.get_referrers, not gc.get_objects: a list of every object would keep, for
+    # the scan, objects other threads are dropping (an sqlite3 cursor that must be gone before
+    # its connection commits). type() rather than isinstance(): isinstance falls back to
+    # ``o.__class__``, which some lazy module proxies answer with a deprecation warning.
     optimizer = torch.optim.Optimizer
-    return any(issubclass(type(o), optimizer) for o in gc.get_objects())
+    classes = [optimizer, *_subclasses(optimizer)]
+    refs = gc.get_referrers(*classes)
+    try:
+        return any(issubclass(type(o), optimizer) for o in refs)
+    finally:
+        refs.clear()
 
 
 def _subclasses(cls: type) -> list[type]:

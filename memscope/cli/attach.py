@@ -93,6 +93,23 @@ def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None, bool]:
     return options, None, False
 
 
+# Warnings the agent records for the user instead of printing them into the training's output
+# (event message prefix -> shown after the run as "memscope: <rest>")
+_NOTICE_PREFIXES = ("simulate_gpu: ",)
+
+
+def agent_notices(reader: RunReader) -> list[str]:
+    """The agent's warnings meant for the user, once each (every rank records its own)."""
+    out: list[str] = []
+    for ev in reader.events("warning"):
+        msg = ev.get("message") or ""
+        for prefix in _NOTICE_PREFIXES:
+            line = f"memscope: {msg[len(prefix):]}"
+            if msg.startswith(prefix) and line not in out:
+                out.append(line)
+    return out
+
+
 def main(argv: Sequence[str]) -> int:
     from memscope.cli import _Parser  # the one-line-error parser
 
@@ -174,6 +191,8 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         with RunReader(db) as reader:
+            for line in agent_notices(reader):
+                print(line, file=sys.stderr)
             summary = summarize(reader)
         if not recorded:  # the file still says running: it is this process's word that counts
             summary.status = f"{child.run_status} (not in the run file)"

@@ -21,10 +21,15 @@ from memscope.agent.config import AgentOptions
 class Session:
     def __init__(self, framework: str, db: str | None, name: str | None,
                  options: dict[str, Any]) -> None:
+        options = dict(options)
+        force = options.pop("force", False)  # as memscope.start(): about the run file
+        if not isinstance(force, bool):
+            raise ValueError(f"force must be True or False, not {force!r}")
         AgentOptions.from_mapping(options)  # a bad option fails here, before any training
         self.framework = framework
         self.db = db
         self.name = name
+        self.force = force
         self.options = options
         self.owns_agent = False  # this session started the agent, so it stops it
         self.active = False
@@ -37,7 +42,7 @@ class Session:
 
         agent = api.current()
         if agent is None:
-            agent = api.start(self.db, **self.options)
+            agent = api.start(self.db, force=self.force, **self.options)
             self.owns_agent = True
         self.active = True
         self._last_step = int(global_step)

@@ -1,0 +1,84 @@
+"""torch.compile: ``compile.py OUT VARIANT``.
+
+fullgraph  aot_eager, fullgraph=True (a hook Dynamo cannot trace fails the run)
+dynamic    aot_eager, dynamic=True, a batch size that changes every step
+submodule  aot_eager on one submodule only, with a graph break inside it
+inductor   the default backend (Inductor: C++ built with the machine's compiler)
+function   aot_eager on a function that calls the model (no compiled module), evaluated under
+           no_grad mid-run (a second graph, compiled during a step)
+inplace    aot_eager in place: model.compile()
+"""
+
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from _common import dynamo_counters, finish, seed
+
+out, variant = sys.argv[1], sys.argv[2]
+STEPS = 8
+
+
+class Body(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(x))
+        if variant == "submodule":
+            torch._dynamo.graph_break()
+        return self.norm(h + self.fc2(h))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 32)
+        self.body = Body()
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(torch.relu(self.embed(x))))
+
+
+seed()
+model = Net()
+if variant == "fullgraph":
+    run = torch.compile(model, backend="aot_eager", fullgraph=True)
+elif variant == "dynamic":
+    run = torch.compile(model, backend="aot_eager", dynamic=True)
+elif variant == "submodule":
+    model.body = torch.compile(model.body, backend="aot_eager")
+    run = model
+elif variant == "inductor":
+    run = torch.compile(model)
+elif variant == "function":
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return model(x)
+elif variant == "inplace":
+    model.compile(backend="aot_eager")
+    run = model
+else:
+    raise SystemExit(f"unknown variant {variant}")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+losses = []
+for step in range(STEPS):
+    batch = 8 + 2 * step if variant == "dynamic" else 8
+    x, y = torch.randn(batch, 16), torch.randint(0, 4, (batch,))
+    loss = F.cross_entropy(run(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    losses.append(loss.item())  # a float: keeping the tensor would be a leak
+    if step == 4:
+        with torch.no_grad():  # evaluation mid-run: not a step; compiled now (no_grad variant)
+            run(torch.randn(8, 16))
+with torch.no_grad():  # evaluation: not a step
+    run(torch.randn(8, 16))
+finish(out, losses, model, dynamo=dynamo_counters())
