@@ -161,7 +161,7 @@ def runtime_only(fn: F) -> F:
 
 def _skip_codes() -> None:
     try:
-        from torch._C._dynamo.eval_frame import (  # type: ignore[import-not-found]
+        from torch._C._dynamo.eval_frame import (
             _FrameAction,
             _FrameExecStrategy,
             set_code_exec_strategy,
@@ -187,7 +187,7 @@ class DynamoShield:
         compiles."""
         with self._lock:
             self._providers = [p for p in self._providers if p() is not None]
-            self._providers.append(weakref.WeakMethod(provider))  # type: ignore[arg-type]
+            self._providers.append(weakref.WeakMethod(provider))
         self._register()
 
     def _handles(self) -> list[Any]:

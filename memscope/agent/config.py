@@ -55,7 +55,8 @@ class AgentOptions:
             raise ValueError(f"layers_every must be an integer >= 0, not {self.layers_every!r}")
         if isinstance(self.layers_first, bool) or not isinstance(self.layers_first, int) or self.layers_first < 0:
             raise ValueError(f"layers_first must be an integer >= 0, not {self.layers_first!r}")
-        if isinstance(self.inventory_every, bool) or not isinstance(self.inventory_every, int) or self.inventory_every < 0:
+        if (isinstance(self.inventory_every, bool) or not isinstance(self.inventory_every, int)
+                or self.inventory_every < 0):
             raise ValueError(f"inventory_every must be an integer >= 0, not {self.inventory_every!r}")
         if not 0 <= self.inventory_budget <= 1:
             raise ValueError(f"inventory_budget must be between 0 and 1, not {self.inventory_budget!r}")

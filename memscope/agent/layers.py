@@ -35,9 +35,9 @@ module that called the compiled code: the ``OptimizedModule`` itself, named as t
 wraps. Global module hooks make ``OptimizedModule.__call__`` warn, so while a compiled module
 exists (or from the moment ``torch.compile(module)`` builds one during a profiled step) the
 profiler hooks the modules of the models one by one instead (picklable, inert when pickled),
-outside compiled regions: the models holding the compiled modules and those seen before. Graph modules the compiler made are
-never rows. The saved-tensors hooks are never traced (Dynamo disables them while tracing, and
-their guard ignores hooks that are not graph modules).
+outside compiled regions: the models holding the compiled modules and those seen before. Graph
+modules the compiler made are never rows. The saved-tensors hooks are never traced (Dynamo
+disables them while tracing, and their guard ignores hooks that are not graph modules).
 
 Backward time per module (``backward_s``) without global full backward hooks (they wrap every
 module's inputs and outputs in ``BackwardHookFunction`` and change the graph): at forward-post of
@@ -600,10 +600,10 @@ class LayerProfiler:
 
     def _resolve(self) -> list[ModuleStats]:
         rows: list[ModuleStats] = []
-        for rid, entry in list(self._roots.items()):  # models get their prefixes in call order
+        for rid, root in list(self._roots.items()):  # models get their prefixes in call order
             if rid in self._step_roots:
                 try:
-                    self._top_of(entry)
+                    self._top_of(root)
                 except Exception:
                     pass
         for (root_id, mod_id), st in self._stats.items():

@@ -59,8 +59,7 @@ from memscope.agent.module_names import module_path
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
 MAX_CANDIDATES = 32  # per signature, in the capture step
-_SKIP_DIRS = tuple(os.path.dirname(m.__file__) + os.sep  # type: ignore[arg-type]
-                   for m in (torch,) if getattr(m, "__file__", None))
+_SKIP_DIRS = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch,) if getattr(m, "__file__", None))
 _MEMSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 

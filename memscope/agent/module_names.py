@@ -93,6 +93,11 @@ def module_path(module: Any) -> str:
     return outermost(module)[1]
 
 
+def _children(module: Any) -> int:
+    mods = module.__dict__.get("_modules")
+    return len(mods) if mods else 0
+
+
 def _parent(module: Any) -> tuple[Any, str] | None:
     """(a module whose ``_modules`` holds ``module``, under which name): the one with the most
     children when several do."""
@@ -103,11 +108,12 @@ def _parent(module: Any) -> tuple[Any, str] | None:
         keys = [k for k, v in d.items() if v is module and isinstance(k, str)]
         if not keys:
             continue
+        size = len(d)
         for owner in gc.get_referrers(d):
             if type(owner) is dict and owner.get("_modules") is d:  # an instance __dict__
                 owner = next((o for o in gc.get_referrers(owner)
                               if isinstance(o, torch.nn.Module) and o.__dict__ is owner), None)
             if isinstance(owner, torch.nn.Module) and owner.__dict__.get("_modules") is d:
-                if best is None or len(d) > len(best[0]._modules):
+                if best is None or size > _children(best[0]):
                     best = (owner, keys[0])
     return best

@@ -88,14 +88,15 @@ class StepTracker:
 
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
         backward.__doc__ = orig.__doc__
-        torch.autograd.backward = backward  # type: ignore[assignment]
+        torch.autograd.backward = backward
 
     def remove(self) -> None:
         self.enabled = False
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self._orig_backward is not None and getattr(torch.autograd.backward, "__wrapped__", None) is self._orig_backward:
+        current = getattr(torch.autograd.backward, "__wrapped__", None)
+        if self._orig_backward is not None and current is self._orig_backward:
             torch.autograd.backward = self._orig_backward  # type: ignore[assignment]
         self._orig_backward = None
 
@@ -163,7 +164,7 @@ class StepTracker:
 def _any_optimizer_alive() -> bool:
     """Whether the script has built an optimizer (asked once, at the first backward)."""
     # Fast path: Optimizer.__init__ wraps its class's step() once and marks it ``hooked``.
-    if any(getattr(cls.step, "hooked", False) for cls in _subclasses(torch.optim.Optimizer)):
+    if any(getattr(getattr(cls, "step", None), "hooked", False) for cls in _subclasses(torch.optim.Optimizer)):
         return True
     # Otherwise the objects that refer to an optimizer class (instances do), only for scripts
     # without one. gc.get_referrers, not gc.get_objects: a list of every object would keep, for
@@ -181,8 +182,9 @@ def _any_optimizer_alive() -> bool:
 
 def _subclasses(cls: type) -> list[type]:
     out: list[type] = []
-    todo = [cls]
+    todo: list[type] = [cls]
     while todo:
+        sub: type
         for sub in todo.pop().__subclasses__():
             out.append(sub)
             todo.append(sub)

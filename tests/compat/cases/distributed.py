@@ -5,7 +5,6 @@ fsdp2  torch.distributed.fsdp.fully_shard on each Linear and the model (FSDP2)
 Each rank saves OUT.rank<N>: its losses and its full parameters.
 """
 
-import os
 import sys
 
 import torch
