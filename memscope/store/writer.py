@@ -449,12 +449,14 @@ class RunWriter:
                             break
                         j += 1
                     rows = [tuple(b.row.values()) for b in batch[i:j] if isinstance(b, _Insert)]
-                    conn.executemany(_insert_sql(item.table, cols), rows)
+                    # closed at once: a cursor another thread's gc.get_objects() list still
+                    # holds would keep its statement open, and COMMIT would then refuse
+                    conn.executemany(_insert_sql(item.table, cols), rows).close()
                     written += j - i
                     i = j
                 else:
                     assert isinstance(item, _Exec)
-                    conn.execute(item.sql, item.params)
+                    conn.execute(item.sql, item.params).close()
                     i += 1
             conn.execute("COMMIT")
         except (sqlite3.OperationalError, sqlite3.InterfaceError) as exc:
