@@ -98,6 +98,7 @@ class Agent:
             from memscope.agent.techniques import Controller
             self._whatif = Controller(self)
             self._guard_call("techniques", self._whatif.install)
+        self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
         self.running = True
         self._tick()  # a first sample at t0, before any training
         self._sampler.start()
@@ -299,7 +300,7 @@ class Agent:
         rss_now = self._process.memory_info().rss
         with self._lock:
             peak_rss = self._rss_peak.close(hwm, rss_now)
-            peak_alloc = peak_reserved = None
+            peak_alloc = peak_reserved = end_alloc = None
             for index, (alloc, reserved) in self._cuda_peaks.items():
                 try:
                     stats = cuda.read_device_stats(index)
@@ -307,10 +308,13 @@ class Agent:
                     continue
                 peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
                 peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
+                end_alloc = (end_alloc or 0) + int(stats["allocated"] or 0)
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
-                                      "peak_reserved": peak_reserved, "status": "ok"})
-        self._leaks.step_closed(step, end - start)  # inventories, leak suspects' sites
+                                      "peak_reserved": peak_reserved, "status": "ok",
+                                      "end_rss": rss_now, "end_allocated": end_alloc})
+        # inventories (the memory level here can pull one forward), leak suspects' sites
+        self._leaks.step_closed(step, end - start, end_alloc if end_alloc is not None else rss_now)
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)

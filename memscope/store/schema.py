@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -176,9 +176,29 @@ ALTER TABLE leak_holders ADD COLUMN module TEXT;      -- the module whose forwar
 """
 
 
+# Leak verdicts (issue 12): retained autograd nodes, memory at step boundaries, DataLoader workers
+_V5 = """
+ALTER TABLE inventories ADD COLUMN graph_nodes INTEGER;      -- autograd nodes kept alive by live graphs (NULL: not counted)
+ALTER TABLE inventories ADD COLUMN full INTEGER;             -- 1: found by a walk over every object; 0: from the live-tensor registry
+ALTER TABLE inventories ADD COLUMN level INTEGER;            -- host RSS (CPU) or CUDA allocated bytes at this boundary
+ALTER TABLE inventory_groups ADD COLUMN graph_nodes INTEGER; -- autograd nodes these tensors' graphs keep alive
+ALTER TABLE steps ADD COLUMN end_rss INTEGER;                -- host RSS at the boundary that closed the step
+ALTER TABLE steps ADD COLUMN end_allocated INTEGER;          -- CUDA allocated bytes there, summed over devices
+CREATE TABLE worker_samples (
+    proc INTEGER NOT NULL,          -- the training process whose child it is
+    pid INTEGER NOT NULL,           -- the worker (a DataLoader worker: a child process not itself recorded)
+    t REAL NOT NULL,
+    uss INTEGER,                    -- unique set size: pages only this worker holds (its copies)
+    pss INTEGER,                    -- proportional set size
+    rss INTEGER
+);
+CREATE INDEX worker_samples_t ON worker_samples (proc, pid, t);
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
