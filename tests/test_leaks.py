@@ -240,7 +240,7 @@ def test_never_none_without_looking(tmp_path: Path) -> None:
     assert report["leak_check"] == {"inventories": 2, "needed": 4, "verdict": "insufficient"}
     for out in (memscope("leaks", str(db)).stdout, memscope("report", str(db)).stdout):
         assert "none" not in out and "not enough inventories to tell" in out
-        assert "run at least 6 steps, or attach with --inventory-every 1" in out
+        assert "2 of the 4 inventories a verdict needs from step 2 on: run at least 6 steps" in out
     off = tmp_path / "off.db"
     attach(off, LEAKS / "detached_list.py", "--steps", "3", options=("--inventory-every", "0"))
     report = report_json(off)

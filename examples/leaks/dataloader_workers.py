@@ -5,6 +5,9 @@ an object's reference count: copy-on-read in forked workers, pytorch/pytorch#132
 
     memscope attach examples/leaks/dataloader_workers.py && memscope leaks RUN.db
     memscope attach examples/leaks/dataloader_workers.py --numpy   # no growth
+
+At default options (the attach supervisor samples the workers twice a second) the report says
+"WORKERS 2 of 2 DataLoader worker(s) copied ... of the dataset into private memory" with the fix.
 """
 
 import argparse

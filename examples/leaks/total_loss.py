@@ -3,6 +3,9 @@ the chain behind ``total_loss`` (backward freed the saved activations, not the g
 few KiB a step, in one scalar tensor whose size never changes.
 
     memscope attach examples/leaks/total_loss.py && memscope leaks RUN.db
+
+At default options it is reported by step 5, and by step 7 with its holder
+(``__main__.train.<locals>.total_loss``) and the line that stores it.
 """
 
 import torch

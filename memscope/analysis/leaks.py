@@ -92,6 +92,7 @@ class LeakCheck:
     inventories: int  # inventories from the warm-up on
     needed: int
     off: bool = False  # inventories were turned off (--inventory-every 0)
+    steps: int | None = None  # completed steps from the warm-up on (None: not known)
 
     @property
     def verdict(self) -> str:
@@ -104,8 +105,11 @@ class LeakCheck:
         """What the user can do about an insufficient check (one line)."""
         if self.off:
             return "tensor inventories were off (--inventory-every 0): attach without it to look for leaks"
-        return (f"{self.inventories} of the {self.needed} inventories a verdict needs from step "
-                f"{WARMUP_STEPS} on: run at least {WARMUP_STEPS + self.needed} steps, or attach with "
+        have = (f"{self.inventories} of the {self.needed} inventories a verdict needs from step "
+                f"{WARMUP_STEPS} on")
+        if self.steps is not None and self.inventories >= self.steps:  # one at every step already
+            return f"{have}: run at least {WARMUP_STEPS + self.needed} steps"
+        return (f"{have}: run at least {WARMUP_STEPS + self.needed} steps, or attach with "
                 "--inventory-every 1")
 
 
@@ -276,7 +280,10 @@ def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
             off = bool(opts) and json.loads(opts[0]["options"] or "{}").get("inventory_every") == 0
         except (TypeError, ValueError, AttributeError):
             off = False
-    return LeakCheck(sum(1 for s in steps if s >= WARMUP_STEPS), MIN_INVENTORIES, off)
+    done = reader.scalar("SELECT count(*) FROM steps WHERE proc = ? AND status = 'ok' AND step >= ?",
+                         (proc, WARMUP_STEPS)) if proc is not None else None
+    return LeakCheck(sum(1 for s in steps if s >= WARMUP_STEPS), MIN_INVENTORIES, off,
+                     int(done) if done is not None else None)
 
 
 @dataclass
