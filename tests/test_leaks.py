@@ -197,11 +197,11 @@ def test_leaks_text_at_defaults(example_run: tuple[dict[str, Any], Path, dict[st
 
 @pytest.fixture(scope="module")
 def healthy_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """examples/leaks/healthy.py at default options (45 steps: the epoch buffer ends nearly full)
-    and with an inventory at every step (40 steps)."""
+    """examples/leaks/healthy_patterns.py at default options (45 steps: the epoch buffer ends
+    nearly full) and with an inventory at every step (40 steps)."""
     d = tmp_path_factory.mktemp("healthy")
-    attach(d / "default.db", LEAKS / "healthy.py", "--steps", "45")
-    attach(d / "every.db", LEAKS / "healthy.py", "--steps", "40", options=("--inventory-every", "1"))
+    attach(d / "default.db", LEAKS / "healthy_patterns.py", "--steps", "45")
+    attach(d / "every.db", LEAKS / "healthy_patterns.py", "--steps", "40", options=("--inventory-every", "1"))
     return [d / "default.db", d / "every.db"]
 
 

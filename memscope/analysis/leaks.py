@@ -12,8 +12,8 @@ has fewer: "no leaks" is never said without having looked).
 * A drop that gives back more than half of what the group gained since its last low is a
   *reset* (a buffer cleared, a list rebuilt, an epoch's metrics emptied); smaller drops are noise.
 * Without resets: a leak rose at ``MIN_INCREMENTS`` or more inventories, kept rising up to the end
-  (no pause longer than twice its usual spacing between rises: a warm-up that fills then stays,
-  or a bounded buffer, plateaus), at a steady rate (the second half's rate within
+  (no pause of two inventories or more longer than any spacing between its rises: a warm-up that
+  fills then stays, or a bounded buffer, plateaus), at a steady rate (the second half's rate within
   ``MAX_RATE_RATIO`` of the first's: not a one-time jump).
 * With resets, growth must persist across cycles: the last low (after the last reset) is above
   the low before it and above everything the first complete cycle held. A fill-and-clear
@@ -151,9 +151,10 @@ def _rising(pts: list[Point]) -> Growth | None:
         return None
     gaps = [pts[b][0] - pts[a][0] for a, b in zip(rises, rises[1:])]
     gap = max(statistics.median(gaps), 1) if gaps else 1
-    # a pause longer than twice the usual spacing of rises (and over two inventories): it stopped
+    # a pause longer than any spacing of its rises so far (and over two inventories): it
+    # stopped (a warm-up cache full, a buffer at its bound)
     tail = pts[-1][0] - pts[rises[-1]][0]
-    if tail > 2 * gap and len(pts) - 1 - rises[-1] >= 2:
+    if tail > max(gaps, default=1) and len(pts) - 1 - rises[-1] >= 2:
         return None
     first = len(rises) - 1
     while first > 0 and pts[rises[first]][0] - pts[rises[first - 1]][0] <= 2 * gap:
