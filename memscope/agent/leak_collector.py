@@ -87,9 +87,10 @@ class LeakCollector:
         except Exception as exc:
             self._inventory_failed(exc)
             return
-        # a holder search is paid once per suspect, when there is something to report: the
-        # budget paces the routine inventories
-        self.schedule.taken(step, inv.duration_s - inv.search_s)
+        # the budget paces routine inventories by the CPU time they take on this thread (wall
+        # time on a busy machine counts the time others ran); a holder search is paid once per
+        # suspect, when there is something to report, and is not charged
+        self.schedule.taken(step, inv.cpu_s)
         proc = agent.proc_id
         agent.insert("inventories", {
             "proc": proc, "step": step, "tensors": inv.tensors, "bytes": inv.bytes,

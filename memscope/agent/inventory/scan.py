@@ -52,6 +52,8 @@ class Inventory:
     graph_nodes: int = 0
     duration_s: float = 0.0
     search_s: float = 0.0  # of which the holder search (suspects only)
+    cpu_s: float = 0.0  # the training thread's CPU time for it, holder search excepted
+    search_cpu_s: float = 0.0
     truncated: bool = False
     full: bool = False  # the tensors came from a walk over every object (else the registry)
     holders: dict[Signature, str | None] = field(default_factory=dict)
@@ -131,13 +133,16 @@ def take_inventory(live: LiveTensors | None, optimizers: Iterable[Any],
     """Scan the live tensors (``live=None``: a one-off registry, i.e. a full walk). For each
     signature in ``suspects``, also look for who holds one of its tensors (``Inventory.holders``)."""
     t0 = time.perf_counter()
+    c0 = time.thread_time()
     # The scan makes a tuple or two per tensor: with the collector on, that many allocations
     # trigger collections that traverse the whole process (half the cost at 100k tensors).
     # Collections wait until the scan is over (re-enabled in the finally below).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _take(live, optimizers, suspects, walk_graphs, t0)
+        inv = _take(live, optimizers, suspects, walk_graphs, t0)
+        inv.cpu_s = max(time.thread_time() - c0 - inv.search_cpu_s, 0.0)
+        return inv
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -227,9 +232,11 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
         inv.holders[sig] = None
     if picked:
         t_search = time.perf_counter()
+        c_search = time.thread_time()
         try:
             inv.holders.update(find_holders(picked))  # type: ignore[arg-type]
             inv.search_s = time.perf_counter() - t_search
+            inv.search_cpu_s = time.thread_time() - c_search
         finally:
             for lst in picked.values():
                 lst.clear()

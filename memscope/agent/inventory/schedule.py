@@ -12,7 +12,9 @@ seen within a dozen steps, and a long run must not pay for inventories it does n
   about the last half of the run (a verdict at any step has recent, evenly spread evidence).
 * Within a time budget: a due inventory runs only while inventories so far took at most
   ``budget`` of the training time plus ``ALLOWANCE_S`` (the first steps are paid from the
-  allowance: with inventories of a millisecond or two, short runs get them all).
+  allowance: with inventories of a millisecond or two, short runs get them all). Inventories are
+  charged the CPU time they take on the training thread (on a busy machine wall time also counts
+  the time other processes ran), training time is wall time.
 * Pulled forward by a free signal: the memory level at each step boundary (host RSS on CPU,
   CUDA allocated bytes), already read there. When it rose at ``SIGNAL_RISES`` boundaries in a
   row, by ``SIGNAL_MIN_BYTES`` or more since the last inventory, one is due now (within
