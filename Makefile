@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
 TSTAMP := $(VENV)/.memscope-test-installed
 
-.PHONY: install demo test test-deps bench clean
+.PHONY: install demo test test-deps lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ test-deps:
 
 test: $(TSTAMP) test-deps
 	$(BIN)/python -m pytest -q
+
+# ruff (pyflakes, pycodestyle, bugbear) everywhere; mypy, strict on store/analysis/report
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

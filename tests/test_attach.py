@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, SCRIPTS, memscope, report_json, torchrun
+from conftest import EXAMPLES, SCRIPTS, memscope, report_json, torchrun
 
 
 def attach(db: Path, *command: str, **kw: object) -> "subprocess.CompletedProcess[str]":  # noqa: F821
@@ -60,7 +60,7 @@ def test_step_boundaries_by_mode(run_db: Path, mode: str, expected: int) -> None
         starts_ends = conn.execute("SELECT start, end FROM steps ORDER BY step").fetchall()
     assert step_mode == {"gan": "optimizer", "accum": "optimizer"}.get(mode, mode)
     # steps tile the timeline: each starts where the previous ended, none is empty
-    for (s0, e0), (s1, e1) in zip(starts_ends, starts_ends[1:]):
+    for (_s0, e0), (s1, e1) in zip(starts_ends, starts_ends[1:]):
         assert e0 == s1 and e1 > s1
 
 

@@ -140,8 +140,9 @@ def test_csv_timeline_to_stdout(oom_run: Path) -> None:
 
 def test_csv_directory_has_every_table(ddp_run: Path, tmp_path: Path) -> None:
     target = tmp_path / "csv"  # created by the export
-    out = memscope("export", str(ddp_run), "--csv", str(target))
+    out = memscope("export", str(ddp_run), "--csv", str(target) + "/")
     assert out.returncode == 0, out.stderr
+    assert f"csv: {target}/ (" in out.stderr and "//" not in out.stderr
     tables = {r[0] for r in rows(ddp_run, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {p.name for p in target.iterdir()} == {f"{t}.csv" for t in tables - {"migrations"}} | {"timeline.csv"}
     with (target / "steps.csv").open(newline="") as f:

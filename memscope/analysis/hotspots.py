@@ -38,8 +38,12 @@ def fold_name(module: str, depth: int | None) -> str:
 
 def hotspots(rows: Iterable[dict[str, Any]], depth: int | None = None) -> list[Hotspot]:
     """Per-module activation bytes of one profiled step, most first, with their share of the
-    total. With ``depth``, each module's bytes are summed into its ancestor at that depth; the
-    ancestor's own output bytes, forward time and calls describe the folded row."""
+    total. With ``depth``, each module's activation bytes are summed into its ancestor at that
+    depth (saved bytes are each module's own, so the sum counts nothing twice). Time, calls and
+    output bytes are not summed that way: a module's forward time already includes its
+    children's. A folded row is described by the ancestor's own row when it ran; an ancestor
+    that never ran itself (a ModuleList) by the topmost descendants folded into it
+    (``blocks.0``, ``blocks.1``: not ``blocks.0.attn`` as well, whose time ``blocks.0`` holds)."""
     rows = list(rows)
     by_name = {r["module"]: r for r in rows}
     acc: dict[str, dict[str, Any]] = {}
@@ -59,7 +63,7 @@ def hotspots(rows: Iterable[dict[str, Any]], depth: int | None = None) -> list[H
                 "own": own is not None,
             }
         a["activation_bytes"] += int(r["saved_bytes"] or 0)
-        if not a["own"]:  # no row of its own: describe it by what was folded into it
+        if not a["own"] and _topmost_under(r["module"], name, by_name):
             a["output_bytes"] += int(r["output_bytes"] or 0)
             a["forward_s"] += float(r["forward_s"] or 0.0)
             a["calls"] += int(r["calls"] or 0)
@@ -74,6 +78,14 @@ def hotspots(rows: Iterable[dict[str, Any]], depth: int | None = None) -> list[H
            for name, a in acc.items()]
     out.sort(key=lambda h: (-h.activation_bytes, h.module))
     return out
+
+
+def _topmost_under(module: str, folded: str, by_name: dict[str, Any]) -> bool:
+    """Whether no ancestor of ``module`` below ``folded`` has a row of its own (that row's
+    time and outputs already include ``module``'s)."""
+    parts = module.split(".")
+    base = len(folded.split(".")) if folded else 0
+    return not any(".".join(parts[:i]) in by_name for i in range(base + 1, len(parts)))
 
 
 def profiled_steps(reader: RunReader, proc: int | None = None) -> list[tuple[int, int]]:

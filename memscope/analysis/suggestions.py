@@ -405,9 +405,9 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
     container = rows.get(parent)
     if container is None or container["type"] != "Sequential":
         return None  # the trial checkpoints a Sequential's children only
-    n, choice = len(blocks), None
-    for segments in range(2, n + 1):
-        k = n // segments
+    count, choice = len(blocks), None
+    for segments in range(2, count + 1):
+        k = count // segments
         last = k * (segments - 1)  # torch's first uncheckpointed child
         starts = range(0, last, k)
         kept = sum(inputs[i] for i in starts)

@@ -55,6 +55,9 @@ class RunSummary:
     workers: WorkerGrowth | None = None  # DataLoader workers' copy-on-read growth
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
+    # techniques memscope applied to the unchanged script (attach --try, whatif trials): what
+    # the numbers are of; each {"technique", "applied", "message"}
+    techniques: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankSummary] = field(default_factory=list)  # one per process (memscope.analysis.ranks)
 
 
@@ -105,8 +108,18 @@ def summarize(reader: RunReader) -> RunSummary:
         workers=worker_growth(reader),
         oom=post_mortem(reader),
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
+        techniques=_techniques(reader),
         ranks=rank_summaries(reader),
     )
+
+
+def _techniques(reader: RunReader) -> list[dict[str, Any]]:
+    out = []
+    for e in reader.events("technique"):
+        data = e["data"] if isinstance(e["data"], dict) else {}
+        out.append({"technique": data.get("technique"), "applied": bool(data.get("applied")),
+                    "message": e["message"]})
+    return out
 
 
 def _main_process(procs: list[dict[str, Any]],

@@ -65,7 +65,7 @@ def _export_csv(reader: RunReader, target: str) -> None:
         written = write_directory(reader, target)
     except OSError as exc:
         raise CliError(f"export: --csv {target}: {exc.strerror or exc}") from None
-    _note(f"csv: {target}/ ({len(written)} files, {written.get('timeline.csv', 0)} timeline rows)")
+    _note(f"csv: {os.path.join(target, '')} ({len(written)} files, {written.get('timeline.csv', 0)} timeline rows)")
 
 
 @contextmanager

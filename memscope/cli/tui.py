@@ -23,8 +23,8 @@ from memscope.cli.errors import CliError
 from memscope.store.reader import RunReader
 
 HELP = "open the terminal dashboard on a run file (needs memscope-tui)"
-_INSTALL = ("the dashboard is not installed: pip install ./tui "
-            "(the memscope-tui distribution, which brings textual)")
+_INSTALL = ("the dashboard is not installed: pip install memscope-tui "
+            "(it brings textual; from a memscope source checkout: pip install ./tui)")
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -31,7 +31,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help=f"technique to try, repeatable ({', '.join(TECHNIQUES)}; default: all)")
     parser.add_argument("--steps", type=int, default=6, metavar="N",
                         help="steps per run (default %(default)s; at least 2)")
-    parser.add_argument("--db-dir", metavar="DIR", help="where the run files go (default: a new temp dir)")
+    parser.add_argument("--db-dir", metavar="DIR",
+                        help="where the run files go, created if missing (default: a new temp dir)")
     parser.add_argument("--json", action="store_true", help="print the memscope.whatif/1 JSON document")
     parser.add_argument("script", metavar="SCRIPT.py", help="training script, run unchanged")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -73,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.script):
         raise CliError(f"whatif: no such script: {args.script}")
     if args.db_dir:
-        if not os.path.isdir(args.db_dir):
-            raise CliError(f"whatif: --db-dir {args.db_dir}: no such directory")
+        if os.path.exists(args.db_dir) and not os.path.isdir(args.db_dir):
+            raise CliError(f"whatif: --db-dir {args.db_dir}: exists and is not a directory")
+        try:
+            os.makedirs(args.db_dir, exist_ok=True)  # as export --csv DIR does
+        except OSError as exc:
+            raise CliError(f"whatif: --db-dir {args.db_dir}: {exc.strerror or exc}") from None
         if not os.access(args.db_dir, os.W_OK | os.X_OK):
             raise CliError(f"whatif: --db-dir {args.db_dir}: not writable")
     workdir = args.db_dir or tempfile.mkdtemp(prefix="memscope-whatif-")

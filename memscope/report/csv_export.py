@@ -35,7 +35,8 @@ def timeline_rows(reader: RunReader) -> Iterator[list[Any]]:
     for p in reader.processes():
         rank, proc = p["rank"], p["id"]
 
-        def row(t: float, step: Any, phase: Any, metric: str, device: str, value: Any) -> list[Any]:
+        def row(t: float, step: Any, phase: Any, metric: str, device: str, value: Any,
+                rank: Any = rank, proc: Any = proc) -> list[Any]:
             return [_blank(rank), proc, f"{t - origin:.6f}", f"{t:.6f}", _blank(step),
                     _blank(phase), metric, device, int(value)]
 

@@ -75,8 +75,8 @@ def _nice_step(span: float, ticks: int) -> float:
     mag = 10 ** _floor_log10(raw)
     for m in (1, 2, 2.5, 5, 10):
         if m * mag >= raw:
-            return m * mag
-    return 10 * mag
+            return float(m * mag)
+    return float(10 * mag)
 
 
 def _floor_log10(x: float) -> int:

@@ -30,6 +30,8 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
             "samples": s.samples,
             "started": iso(s.started),
             "ended": iso(s.ended),
+            # additive: techniques attach --try / whatif applied to the script (empty: none)
+            "techniques": [{"technique": t["technique"], "applied": t["applied"]} for t in s.techniques],
         },
         "peak": {
             "bytes": s.peak.bytes,

@@ -29,6 +29,8 @@ def render_summary(s: RunSummary) -> str:
         f"device    {s.device} · torch {s.torch or '?'} · {len(s.processes)} process(es)",
         f"time      {clock(s.started)} → {clock(s.ended) if s.ended else 'still running'}{duration}",
     ]
+    for t in s.techniques:  # attach --try: the numbers below are of the changed training
+        lines.append(f"{'applied' if t['applied'] else 'not applied':<9} {t['message']} (--try)")
     step_line = f"steps     {s.steps} completed"
     if s.step_mode:
         step_line += f" (boundaries: {s.step_mode})"

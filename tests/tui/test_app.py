@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Sparkline, Static
 from memscope.analysis.timeline import memory_timeline
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
-from memscope.store.runs import create_run
+from memscope.store.runs import create_run, finish_run
 from memscope_tui.app import HelpScreen, MemscopeApp, StepRuler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,6 +183,17 @@ async def test_run_file_just_created(tmp_path: Path) -> None:
         assert " 0 steps · 0 samples" in text_of(app, "#status")
         assert text_of(app, "#caption") == "no memory samples yet"
         assert app.query_one("#steps", DataTable).row_count == 0
+
+
+async def test_finished_run_without_samples_is_not_waiting(tmp_path: Path) -> None:
+    db = tmp_path / "done.db"
+    create_run(str(db), ["python", "train.py"])
+    finish_run(str(db), exit_code=1, signal=None, status="failed")  # died before its first sample
+    app = MemscopeApp(str(db), poll_s=0.1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        assert not app.live
+        assert text_of(app, "#caption") == "no memory samples in this run"
 
 
 async def test_unreadable_file_is_reported_not_fatal(tmp_path: Path) -> None:

@@ -232,8 +232,8 @@ class MemscopeApp(App[int]):
             parts.append("q closes the dashboard, training goes on · ctrl+c interrupts training")
         self.query_one("#state", Static).update(" · ".join(parts))
         tabs = self.query_one(TabbedContent)
-        tabs.get_tab("oom").label = "6 OOM" + (" !" if s.oom is not None else "")  # type: ignore[assignment]
-        tabs.get_tab("leaks").label = "3 Leaks" + (f" {len(s.leaks)}!" if s.leaks else "")  # type: ignore[assignment]
+        tabs.get_tab("oom").label = "6 OOM" + (" !" if s.oom is not None else "")
+        tabs.get_tab("leaks").label = "3 Leaks" + (f" {len(s.leaks)}!" if s.leaks else "")
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self._focus_view()

@@ -109,7 +109,7 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
     raw = layer_rows(reader, proc, layer_step) if proc is not None and layer_step is not None else []
     max_depth = max((len(r["module"].split(".")) for r in raw if r["module"]), default=0)
     depth = sel.depth if sel.depth is not None and 0 < sel.depth < max_depth else None
-    layers = [h for h in hotspots(raw, depth) if h.module]  # '' is the whole model
+    layers = hotspots(raw, depth)  # '' is the whole model: shown as (model) TYPE
 
     inv = inventory_steps(reader, proc) if proc is not None else []
     a = sel.diff_from if sel.diff_from in inv else (inv[0] if inv else None)

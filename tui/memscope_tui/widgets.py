@@ -50,6 +50,27 @@ def fill_table(table: DataTable[Any], columns: list[tuple[str, str]], rows: list
         table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
 
 
+def fit_columns(columns: list[tuple[str, str]], rows: list[list[Any]], width: int,
+                priority: list[str]) -> list[int]:
+    """Indices of the columns to show in ``width`` cells: every column when they fit, else the
+    columns not in ``priority`` plus as many of ``priority`` (most wanted first) as fit. A
+    DataTable cell is its widest value plus one cell of padding each side."""
+    def need(i: int) -> int:
+        return max([len(columns[i][0])] + [len(Text.from_markup(c).plain) if isinstance(c, str)
+                                           else len(c.plain) if isinstance(c, Text) else len(str(c))
+                                           for c in (r[i] for r in rows)]) + 2
+    widths = [need(i) for i in range(len(columns))]
+    keys = [key for _, key in columns]
+    chosen = [i for i, key in enumerate(keys) if key not in priority]
+    used = sum(widths[i] for i in chosen)
+    for key in priority:
+        i = keys.index(key)
+        if used + widths[i] <= width:
+            chosen.append(i)
+            used += widths[i]
+    return sorted(chosen)
+
+
 class StepRuler(Widget):
     """One line under the plot: a tick where each step ended, the time span at the ends."""
 

@@ -32,7 +32,7 @@ class BreakdownView(View):
         self.snap: Snapshot | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="breakdown-caption", classes="line")
+        yield Static("", id="breakdown-caption", classes="caption")
         yield DataTable(id="breakdown-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="fragmentation")
 

@@ -10,27 +10,31 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from memscope.analysis.hotspots import Hotspot
-from memscope.units import human_bytes
+from memscope.names import module_label
+from memscope.units import short_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import SelectionChanged, bar, fill_table, right
+from memscope_tui.widgets import SelectionChanged, bar, fill_table, fit_columns, right
 
-# sort keys, cycled with s: (label, key function, descending)
-SORTS: list[tuple[str, Any]] = [
-    ("activations", lambda h: (-h.activation_bytes, h.module)),
-    ("output", lambda h: (-h.output_bytes, h.module)),
-    ("time", lambda h: (-h.forward_s, h.module)),
-    ("backward time", lambda h: (-(h.backward_s or 0.0), h.module)),
-    ("name", lambda h: h.module),
+# sort keys, cycled with s: (label, key function, the column it sorts by)
+SORTS: list[tuple[str, Any, str]] = [
+    ("activations", lambda h: (-h.activation_bytes, h.module), "act"),
+    ("output", lambda h: (-h.output_bytes, h.module), "out"),
+    ("forward time", lambda h: (-h.forward_s, h.module), "time"),
+    ("backward time", lambda h: (-(h.backward_s or 0.0), h.module), "btime"),
+    ("name", lambda h: h.module, "module"),
 ]
-COLUMNS = [("module", "module"), ("type", "type"), ("activations", "act"), ("share", "share"),
+COLUMNS = [("module", "module"), ("type", "type"), ("saved", "act"), ("share", "share"),
            ("", "bar"), ("output", "out"), ("fwd ms", "time"), ("bwd ms", "btime"),
            ("calls", "calls")]
+# columns dropped first when the terminal is narrow (80x24): the bar, then calls...; the column
+# the table is sorted by is always kept
+OPTIONAL = ["time", "btime", "out", "calls", "bar"]
 
 
 class LayersView(View):
     TITLE = "Layers"
-    HINT = "s sort · d/D fold deeper/shallower · [ ] profiled step"
+    HINT = "s sort · d fold one level up · D unfold · [ ] profiled step"
     BINDINGS = [
         Binding("s", "sort", "Sort"),
         Binding("d", "depth(-1)", "Fold"),
@@ -55,22 +59,30 @@ class LayersView(View):
         if snap.layer_step is None:
             caption.update("no layer profile yet (profiled steps: --layers-first / --layers-every)")
         else:
-            depth = f"folded to depth {snap.depth}" if snap.depth else "all modules"
+            depth = f"depth {snap.depth}" if snap.depth else "all modules"
             caption.update(Text.assemble(
-                "profiled step ", (str(snap.layer_step), "bold"),
-                f" ({len(snap.layer_steps)} profiled, [ ] moves) · {depth} · "
-                f"sorted by {SORTS[self.sort_index][0]} (s)"))
-        spots = sorted((h for h in snap.layers if matches(filter_text, h.module, h.type)),
-                       key=SORTS[self.sort_index][1])
-        fill_table(self.query_one("#layer-table", DataTable), COLUMNS,
-                   [(h.module, _cells(h)) for h in spots], self.drawn, "layers")
+                "step ", (str(snap.layer_step), "bold"),
+                f" ({len(snap.layer_steps)} profiled) · {depth} · "
+                f"by {SORTS[self.sort_index][0]} · s d D [ ]"))
+        _label, key, column = SORTS[self.sort_index]
+        spots = sorted((h for h in snap.layers if matches(filter_text, module_label(h.module, h.type), h.type)),
+                       key=key)
+        rows = [(h.module, _cells(h)) for h in spots]
+        priority = [column] + [c for c in OPTIONAL if c != column]
+        shown = fit_columns(COLUMNS, [cells for _, cells in rows], self.size.width or 80, priority)
+        fill_table(self.query_one("#layer-table", DataTable), [COLUMNS[i] for i in shown],
+                   [(k, [cells[i] for i in shown]) for k, cells in rows], self.drawn, "layers")
+
+    def on_resize(self) -> None:
+        if self.snap is not None:
+            self.show(self.snap, self.filter_text)
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         """A click on a column title sorts by it."""
         by = {"module": "name", "act": "activations", "share": "activations", "bar": "activations",
-              "out": "output", "time": "time", "btime": "backward time"}.get(str(event.column_key.value))
+              "out": "output", "time": "forward time", "btime": "backward time"}.get(str(event.column_key.value))
         if by is not None:
-            self.sort_index = [label for label, _ in SORTS].index(by)
+            self.sort_index = [label for label, _, _ in SORTS].index(by)
             if self.snap is not None:
                 self.show(self.snap, self.filter_text)
 
@@ -97,7 +109,8 @@ class LayersView(View):
 
 
 def _cells(h: Hotspot) -> list[Any]:
-    return [h.module, h.type or "", right(human_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
-            bar(h.share), right(human_bytes(h.output_bytes)), right(f"{h.forward_s * 1000:.1f}"),
+    name = "(model)" if h.module == "" else h.module  # its type is in the next column
+    return [name, h.type or "", right(short_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
+            bar(h.share), right(short_bytes(h.output_bytes)), right(f"{h.forward_s * 1000:.1f}"),
             right("-" if h.backward_s is None else f"{h.backward_s * 1000:.1f}"),  # None: no backward ran
             right(str(h.calls))]

@@ -115,7 +115,7 @@ class OverviewView(View):
         """Switch the plot to the next metric; returns why not when there is no other."""
         names = list(all_series(snap))
         if len(names) < 2:
-            return "only one memory metric in this run" if names else "no memory samples yet"
+            return "only one memory metric in this run" if names else _no_samples(snap)
         current = self.metric if self.metric in names else names[0]
         self.metric = names[(names.index(current) + 1) % len(names)]
         self.show_timeline(snap)
@@ -131,7 +131,7 @@ class OverviewView(View):
         spark = self.query_one("#timeline", Sparkline)
         ruler = self.query_one("#ruler", StepRuler)
         if series is None or not series.points:
-            caption.update("no memory samples yet")
+            caption.update(_no_samples(snap))
             spark.data = []
             ruler.marks, ruler.span = (), (0.0, 0.0)
             return
@@ -158,3 +158,10 @@ class OverviewView(View):
             cells.append(Text(r.status, style="" if r.status == "ok" else "bold red"))
             out.append((str(r.step), cells))
         fill_table(self.query_one("#steps", DataTable), columns, out, self.drawn, "steps")
+
+
+def _no_samples(snap: Snapshot) -> str:
+    """Why the plot is empty: a live run has not sampled yet; a finished one never did."""
+    if snap.summary.status == "running":
+        return "no memory samples yet"
+    return "no memory samples in this run"

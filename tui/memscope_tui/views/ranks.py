@@ -41,7 +41,8 @@ class RanksView(View):
                               style="bold red" if r.oom or r.status not in ("finished", "stopped", "ok")
                               else "")
                 rows.append((f"{r.rank}|{r.proc}", [
-                    right("-" if r.rank is None else str(r.rank)), r.host or "", right(str(r.proc)), right(str(r.steps)),
+                    right("-" if r.rank is None else str(r.rank)), r.host or "", right(str(r.proc)),
+                    right(str(r.steps)),
                     right(human_bytes(r.peak_bytes)), right("-" if r.peak_step is None else str(r.peak_step)),
                     status]))
         fill_table(self.query_one("#rank-table", DataTable), COLUMNS, rows, self.drawn, "ranks")

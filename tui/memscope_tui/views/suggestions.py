@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -29,13 +31,16 @@ class SuggestionsView(View):
             box.update(Text("no suggestions for this run" + (" (filtered)" if filter_text else ""),
                             style="dim"))
             return
-        out = Text()
+        blocks: list[Table | Text] = []
         for rank, s in enumerate(items, 1):
-            if rank > 1:
-                out.append("\n\n")
-            out.append(f"{rank}. {s.technique}", style="bold")
-            out.append(f"  saves ~{human_bytes(s.estimated_saving_bytes)}", style="bold green")
-            out.append(f"\n   evidence: {s.evidence}")
-            out.append(f"\n   change:   {s.how}")
-        box.update(out)
+            title = Text(f"{rank}. {s.technique}", style="bold")
+            title.append(f"  saves ~{human_bytes(s.estimated_saving_bytes)}", style="bold green")
+            # a grid, so that wrapped lines stay under the text, not at column 1
+            body = Table.grid(padding=(0, 1))
+            body.add_column(width=9, style="dim")
+            body.add_column(ratio=1)
+            body.add_row("evidence", s.evidence)
+            body.add_row("change", s.how)
+            blocks += [title, body, Text("")]
+        box.update(Group(*blocks[:-1]))
 
