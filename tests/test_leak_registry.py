@@ -33,7 +33,7 @@ def found(reg: LiveTensors, objs: list[torch.Tensor]) -> int:
 
 def test_registry_finds_tensors_promoted_by_collections(live: LiveTensors) -> None:
     kept = []
-    for i in range(3000):  # enough allocations for generation-1 and -2 collections in between
+    for _ in range(3000):  # enough allocations for generation-1 and -2 collections in between
         kept.append(torch.zeros(1))
         _ = [[j] for j in range(8)]
     gc.collect()  # everything is in the oldest generation now: only the gc hook saw it go there

@@ -114,7 +114,7 @@ def _tensor_rate(reader: "RunReader", proc: int, first: int, last: int) -> float
                         (NODE_BYTES, proc, first, last))
     if len(rows) < 2 or rows[-1]["step"] <= rows[0]["step"]:
         return 0.0
-    return (rows[-1]["size"] - rows[0]["size"]) / (rows[-1]["step"] - rows[0]["step"])
+    return float((rows[-1]["size"] - rows[0]["size"]) / (rows[-1]["step"] - rows[0]["step"]))
 
 
 def unexplained_growth(reader: "RunReader", proc: int | None) -> UnexplainedGrowth | None:

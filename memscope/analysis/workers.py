@@ -9,9 +9,9 @@ A forked worker shares the parent's pages until it writes to them; reading a Pyt
 writes its reference count, so a worker that walks a dataset held as lists / dicts of Python
 objects slowly copies all of it (pytorch/pytorch#13246): each worker's USS climbs towards the
 dataset's size, and the machine's memory by that times the number of workers. A worker whose USS
-grows by ``MIN_GROWTH`` or more (and by half its first reading), gradually (no single jump
-between two samples makes most of it: one large allocation is not this), is reported; the fix is to hold the data in a few large buffers (numpy arrays,
-Arrow, tensors), whose pages nobody writes.
+grows by ``MIN_GROWTH`` or more (and by half its first reading), gradually (no single jump between
+two samples makes most of it: one large allocation is not this), is reported; the fix is to hold
+the data in a few large buffers (numpy arrays, Arrow, tensors), whose pages nobody writes.
 """
 
 from __future__ import annotations

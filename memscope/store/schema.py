@@ -178,9 +178,12 @@ ALTER TABLE leak_holders ADD COLUMN module TEXT;      -- the module whose forwar
 
 # Leak verdicts (issue 12): retained autograd nodes, memory at step boundaries, DataLoader workers
 _V5 = """
-ALTER TABLE inventories ADD COLUMN graph_nodes INTEGER;      -- autograd nodes kept alive by live graphs (NULL: not counted)
-ALTER TABLE inventories ADD COLUMN full INTEGER;             -- 1: found by a walk over every object; 0: from the live-tensor registry
-ALTER TABLE inventories ADD COLUMN level INTEGER;            -- host RSS (CPU) or CUDA allocated bytes at this boundary
+-- inventories.graph_nodes: autograd nodes kept alive by live graphs (NULL: not counted);
+-- inventories.full: 1 when a walk over every object found the tensors, 0 the live-tensor registry;
+-- inventories.level: host RSS (CPU) or CUDA allocated bytes at that boundary
+ALTER TABLE inventories ADD COLUMN graph_nodes INTEGER;
+ALTER TABLE inventories ADD COLUMN full INTEGER;
+ALTER TABLE inventories ADD COLUMN level INTEGER;
 ALTER TABLE inventory_groups ADD COLUMN graph_nodes INTEGER; -- autograd nodes these tensors' graphs keep alive
 ALTER TABLE steps ADD COLUMN end_rss INTEGER;                -- host RSS at the boundary that closed the step
 ALTER TABLE steps ADD COLUMN end_allocated INTEGER;          -- CUDA allocated bytes there, summed over devices

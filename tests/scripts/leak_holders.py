@@ -19,11 +19,11 @@ def make_probe():
     return probe
 
 
-def log(t, _cache={}):  # a default argument
+def log(t, _cache={}):  # noqa: B006 - a default argument: the leak under test
     _cache[len(_cache)] = t
 
 
-def log_kw(t, *, store=[]):  # a keyword-only default
+def log_kw(t, *, store=[]):  # noqa: B006 - a keyword-only default: the leak under test
     store.append(t)
 
 
@@ -57,7 +57,7 @@ def train(steps):
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     losses = []
-    for step in range(steps):
+    for _ in range(steps):
         x = torch.randn(16, 64)
         loss = F.cross_entropy(model(x), torch.randint(0, 10, (16,)))
         opt.zero_grad()

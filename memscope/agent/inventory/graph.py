@@ -26,7 +26,7 @@ __all__ = ["GraphWalker", "MAX_GRAPH_NODES", "NODE_BYTES"]
 
 _RAW_NAMES: dict[type, tuple[str, ...]] = {}
 try:
-    _SAVED_TENSOR: type | None = torch._C._autograd.SavedTensor  # type: ignore[attr-defined]
+    _SAVED_TENSOR: type | None = torch._C._autograd.SavedTensor
 except AttributeError:  # pragma: no cover - older torch
     _SAVED_TENSOR = None
 

@@ -222,14 +222,17 @@ _DEAD_ENDS = (types.CodeType, types.ModuleType, types.GeneratorType, types.Corou
               types.AsyncGeneratorType, types.BuiltinFunctionType)
 
 
-def _links(r: Any, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
+Link = tuple[int, str, Any]  # child id, "name" or "walk", the full name or the path from the referrer
+
+
+def _links(r: Any, fids: set[int], s: _Search) -> list[Link]:
     """How ``r`` refers to objects of the frontier: (child id, "name", full name) when ``r`` is
     a named root, (child id, "walk", path from ``r``) to keep walking up from ``r``."""
     tr = type(r)
     path = s.path
     if issubclass(tr, dict):  # OrderedDict (module hooks), defaultdict ... too
         mname = s.modules.get(id(r)) if tr is dict else None
-        out = []
+        out: list[Link] = []
         for k, v in list(dict.items(r)):
             vid = id(v)
             if vid not in fids:
@@ -285,11 +288,11 @@ def _links(r: Any, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
     return _instance(r, fids, s)
 
 
-def _function(r: Any, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
+def _function(r: Any, fids: set[int], s: _Search) -> list[Link]:
     name = f"{getattr(r, '__module__', None) or '?'}.{r.__qualname__}"
     if name.startswith("__mp_main__."):
         name = "__main__." + name[len("__mp_main__."):]
-    out = []
+    out: list[Link] = []
     defaults, kwdefaults, closure = r.__defaults__, r.__kwdefaults__, r.__closure__
     d = r.__dict__ if hasattr(r, "__dict__") else None
     for cid in fids:
@@ -314,13 +317,13 @@ def _function(r: Any, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
 _MISSING = object()
 
 
-def _class(r: type, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
+def _class(r: type, fids: set[int], s: _Search) -> list[Link]:
     """A class, reached through its attribute dict: a class attribute."""
     try:
         d = type.__dict__["__dict__"].__get__(r)  # mappingproxy over the dict we came up through
     except Exception:
         return []
-    out = []
+    out: list[Link] = []
     for cid in fids:
         child = s.objs.get(cid)
         parts = s.path[cid][0]
@@ -335,8 +338,8 @@ def _class(r: type, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
     return out
 
 
-def _instance(r: Any, fids: set[int], s: _Search) -> list[tuple[int, str, Any]]:
-    out = []
+def _instance(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    out: list[Link] = []
     try:
         d = object.__getattribute__(r, "__dict__")
     except Exception:

@@ -16,9 +16,10 @@ defined later (``DTensor`` when an optimizer imports torch.distributed) are foun
 Registry plus young generations is every live tensor that has a Python object, at a cost that
 grows with the tensors and the objects made since the last collection, not with everything the
 process holds. A full walk is done when the registry starts (at agent start, before the script
-has built much) and again whenever that premise may not hold: ``gc.freeze()`` moved objects, the hook was removed by someone
-else or failed, too much queued up between two inventories, or a Python whose collector is not
-generational this way (CPython 3.14's incremental collector: full walks every time).
+has built much) and again whenever that premise may not hold: ``gc.freeze()`` moved objects, the
+hook was removed by someone else or failed, too much queued up between two inventories, or a
+Python whose collector is not generational this way (CPython 3.14's incremental collector: full
+walks every time). A full walk adds to what the registry knew, it does not replace it.
 
 Only weak references are kept between inventories; ``tensors()`` hands out strong references in
 a list the caller clears before it returns.
