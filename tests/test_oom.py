@@ -181,8 +181,8 @@ def test_sigkill_from_outside(tmp_path: Path) -> None:
         deadline = time.time() + 60
         while time.time() < deadline and pid is None:
             time.sleep(0.2)
-            try:
-                with sqlite3.connect(db) as conn:
+            try:  # read-only: a plain connect would create the file attach is about to create
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                     row = conn.execute("SELECT pid FROM processes").fetchone()
                     steps = conn.execute("SELECT count(*) FROM steps").fetchone()[0]
                 if row and steps >= 2:
