@@ -14,16 +14,16 @@ LEAKS = EXAMPLES / "leaks"
 
 def test_growth_nothing_explains(tmp_path: Path) -> None:
     """A numpy copy of each step's activations kept in a list: host RSS grows about 256 KiB a
-    step, the tensor inventories see nothing grow."""
+    step, the tensor inventories see nothing grow (the verdict needs 16 steps after warm-up)."""
     db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(LEAKS / "numpy_history.py"), "--steps", "12")
+    out = memscope("attach", "--headless", "--db", str(db), str(LEAKS / "numpy_history.py"), "--steps", "20")
     assert out.returncode == 0, out.stderr
     report = report_json(db)
     assert report["leaks"] == [] and report["leak_check"]["verdict"] == "ok"
     g = report["unexplained_growth"]
     assert g is not None and g["metric"] == "rss"
     assert 200 << 10 <= g["bytes_per_step"] <= 400 << 10  # 32 x 8 x 256 float32 = 256 KiB
-    assert g["explained_bytes_per_step"] < 16 << 10 and g["last_step"] == 11
+    assert g["explained_bytes_per_step"] < 16 << 10 and g["last_step"] == 19
     (sug,) = report["suggestions"]
     assert sug["technique"] == "fix_leak" and "tracemalloc" in sug["how"] and "host RSS" in sug["evidence"]
     text = memscope("leaks", str(db)).stdout
@@ -39,7 +39,7 @@ def test_dataloader_workers_copy_on_read(tmp_path: Path) -> None:
     for name, extra in (("python", ()), ("numpy", ("--numpy",))):
         db = tmp_path / f"{name}.db"
         out = memscope("attach", "--headless", "--db", str(db), str(LEAKS / "dataloader_workers.py"),
-                       "--rows", "40000", "--epochs", "2", *extra, timeout=300)
+                       "--rows", "40000", "--epochs", "4", *extra, timeout=300)
         assert out.returncode == 0, out.stderr
         runs[name] = (db, report_json(db))
     db, report = runs["python"]

@@ -3,8 +3,8 @@ list. The memory is host memory, not tensors: inventories see nothing grow, host
 
     memscope attach examples/leaks/numpy_history.py && memscope leaks RUN.db
 
-At default options "GROWTH host RSS ... that no tensor group explains" is reported from step 9
-(the verdict needs 8 steps after warm-up), with "leaks: none" for the tensors.
+At default options "GROWTH host RSS ... that no tensor group explains" is reported from step 17
+(the verdict needs 16 steps after warm-up), with "leaks: none" for the tensors.
 """
 
 import torch

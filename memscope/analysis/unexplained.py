@@ -5,9 +5,9 @@ that closed each step) and ``inventories`` rows. The level is CUDA allocated byt
 used CUDA (tensors live there), else host RSS (tensors, Python objects, native buffers).
 
 The level's lower envelope (at each step, the lowest level of any later step: what the process
-never gives back) after warm-up must rise in every third of the run, at a rate not falling off
-(the last third's at least a quarter of the first's: warm-up growth that levels off is not
-this), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all. From that rate, what the inventories saw
+never gives back) over at least ``MIN_STEPS`` steps after warm-up must rise in every quarter of
+them, steadily (no quarter's rate under a third of another's: warm-up growth that levels off, or
+one jump, is not this), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all. From that rate, what the inventories saw
 tensors grow by over the same steps is subtracted; what is left, when it is at least ``MIN_RATE``
 and half the growth, is growth nothing explains: Python objects piling up (lists of dicts, numpy
 arrays), native buffers, an allocator holding on.
@@ -24,7 +24,8 @@ from memscope.units import human_bytes
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
 
-MIN_STEPS = 8  # steps after warm-up, for any verdict
+MIN_STEPS = 16  # steps after warm-up, for any verdict (allocator warm-up looks steady for a while)
+QUARTERS = 4
 MIN_RATE = 64 << 10  # bytes a step
 MIN_TOTAL = 1 << 20
 UNEXPLAINED_SHARE = 0.5
@@ -86,20 +87,19 @@ def steady_growth(levels: list[tuple[int, int]]) -> tuple[float, int, int] | Non
         low = pts[i][1] if low is None else min(low, pts[i][1])
         env[i] = low
     n = len(pts)
-    cuts = [0, n // 3, (2 * n) // 3, n - 1]
+    cuts = [(i * (n - 1)) // QUARTERS for i in range(QUARTERS + 1)]
     steps = [pts[c][0] for c in cuts]
     vals = [env[c] for c in cuts]
     if any(b <= a for a, b in zip(vals, vals[1:])) or any(b <= a for a, b in zip(steps, steps[1:])):
         return None
-    first_rate = (vals[1] - vals[0]) / (steps[1] - steps[0])
-    last_rate = (vals[3] - vals[2]) / (steps[3] - steps[2])
-    if last_rate < first_rate / 4:
-        return None  # levelling off: warm-up
-    total = vals[3] - vals[0]
-    rate = total / (steps[3] - steps[0])
+    rates = [(vals[i + 1] - vals[i]) / (steps[i + 1] - steps[i]) for i in range(QUARTERS)]
+    if min(rates) < max(rates) / 3:
+        return None  # not steady: warm-up levelling off, a one-time jump
+    total = vals[-1] - vals[0]
+    rate = total / (steps[-1] - steps[0])
     if rate < MIN_RATE or total < MIN_TOTAL:
         return None
-    return rate, steps[0], steps[3]
+    return rate, steps[0], steps[-1]
 
 
 def _tensor_rate(reader: "RunReader", proc: int, first: int, last: int) -> float:

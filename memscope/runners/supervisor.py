@@ -84,7 +84,7 @@ def resolve(command: Sequence[str]) -> list[str]:
 def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
     # DataLoader workers' memory, sampled from outside while we wait (memscope.runners.workers)
     sampler = WorkerSampler(env[ENV_DB]) if env.get(ENV_DB) else None
-    tick = sampler.tick if sampler is not None else _no_tick
+    tick: Callable[[int], None] = sampler.tick if sampler is not None else _no_tick
     try:
         if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
             return _run_linux(command, env, tick)
@@ -94,11 +94,11 @@ def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
             sampler.close()
 
 
-def _no_tick() -> None:
+def _no_tick(pid: int) -> None:
     pass
 
 
-def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[], None]) -> ChildExit:
+def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int], None]) -> ChildExit:
     """Block the signals we care about and collect them with sigtimedwait: we learn who sent
     each one, so a ^C the terminal already delivered to the child is not delivered twice."""
     watched = set(_FORWARDED) | {signal.SIGCHLD}
@@ -114,7 +114,7 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[], N
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            tick()
+            tick(pid)
             if info is not None and info.si_signo != signal.SIGCHLD:
                 if info.si_code != _SI_KERNEL:
                     try:
@@ -130,7 +130,7 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[], N
     return _exit_from_status(status, ended)
 
 
-def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[], None]) -> ChildExit:
+def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[int], None]) -> ChildExit:
     try:
         child = subprocess.Popen(list(command), env=env)
     except OSError as exc:
@@ -148,7 +148,7 @@ def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[]
                 code = child.wait(timeout=0.5)
                 break
             except subprocess.TimeoutExpired:
-                tick()
+                tick(child.pid)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

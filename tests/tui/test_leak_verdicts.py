@@ -43,7 +43,7 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def growing_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("leakview") / "growing.db"
-    _attach(db, str(EXAMPLES / "leaks" / "numpy_history.py"), "--steps", "12")
+    _attach(db, str(EXAMPLES / "leaks" / "numpy_history.py"), "--steps", "20")
     return db
 
 
