@@ -46,7 +46,7 @@ test-deps:
 	  else echo "warning:$$missing not installed and no apt-get; the tests that need them will skip"; fi; \
 	fi
 
-test: $(TSTAMP) test-deps
+test: $(TSTAMP) test-deps lint
 	$(BIN)/python -m pytest -q
 
 # ruff (pyflakes, pycodestyle, bugbear) everywhere; mypy, strict on store/analysis/report

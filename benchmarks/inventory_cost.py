@@ -1,19 +1,23 @@
-"""Cost of one tensor inventory (leak detection) at 10k and 100k live tensors, and of one step
-with creation-site capture armed.
+"""Cost of one tensor inventory (leak detection), and of one step with creation-site capture armed.
 
 Inventory: a small model with an Adam optimizer (parameters, gradients, state) plus N live
 tensors — half plain (``other``), half holding an autograd graph of one op (``activations``,
-their graphs are walked) — then ``InventoryCollector.take`` timed ``--repeats`` times on this
-thread (the training thread pays exactly that at an inventory step). Prints the median seconds
-per inventory and per 1k live tensors.
+their graphs are walked) — and optionally a dataset of M Python objects (``--objects``, one
+small list each: what a tokenized corpus held in Python looks like to the gc). The registry of
+live tensors starts before the tensors and the dataset exist (as under ``memscope attach``,
+where the agent starts with ``import torch``); then ``take_inventory`` is timed ``--repeats``
+times on this thread (the training thread pays exactly that at an inventory step). Printed: the
+median per inventory, per 1k live tensors, and the cost of a full walk over every object (what
+an inventory cost before the registry, and what one costs when the registry must start over).
 
 Site capture: the median time of a small training step (forward, backward, SGD step, an append
 to a list) plain and while ``SiteCapture`` is armed for a signature (TorchFunctionMode, global
 forward hooks, line tracer) — the extra cost a run pays on the two or three steps after a group
 becomes a leak suspect.
 
-    .venv/bin/python benchmarks/inventory_cost.py
-    .venv/bin/python benchmarks/inventory_cost.py --sizes 10000 100000 --repeats 5 --json out.json
+    .venv/bin/python benchmarks/inventory_cost.py                 # 1k, 100k tensors; 1k + 5M objects
+    .venv/bin/python benchmarks/inventory_cost.py --quick         # smoke test
+    .venv/bin/python benchmarks/inventory_cost.py --cases 1000:0 100000:0 --repeats 5 --json out.json
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from memscope.agent.inventory import InventoryCollector, signature  # noqa: E402
+from memscope.agent.inventory import LiveTensors, signature, take_inventory  # noqa: E402
 from memscope.agent.leak_sites import SiteCapture  # noqa: E402
 
 
@@ -46,22 +50,30 @@ def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-def inventory_cost(n: int, repeats: int) -> dict[str, float]:
+def inventory_cost(n: int, objects: int, repeats: int) -> dict[str, float]:
+    live = LiveTensors()
+    live.install()
     model, opt = model_and_optimizer()
     w = torch.randn(4, requires_grad=True)
-    live = [torch.randn(4) for _ in range(n // 2)] + [w * float(i) for i in range(n - n // 2)]
+    tensors = [torch.randn(4) for _ in range(n // 2)] + [w * float(i) for i in range(n - n // 2)]
+    dataset = [[i] for i in range(objects)]
     gc.collect()
-    coll = InventoryCollector(every=1)
     times = []
     counted = 0
-    for i in range(repeats):
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        inv = coll.take(i, [opt])
+        inv = take_inventory(live, [opt])
         times.append(time.perf_counter() - t0)
         counted = inv.tensors
+    t0 = time.perf_counter()
+    take_inventory(None, [opt])  # a fresh registry: one walk over every object
+    full = time.perf_counter() - t0
+    live.remove()
     med = statistics.median(times)
-    del live, model, opt
-    return {"live_tensors": n, "counted": counted, "seconds": med, "seconds_per_1k": med / (n / 1000)}
+    del tensors, dataset, model, opt
+    gc.collect()
+    return {"live_tensors": n, "python_objects": objects, "counted": counted, "seconds": med,
+            "seconds_per_1k": med / (max(n, 1) / 1000), "full_walk_seconds": full}
 
 
 def step_cost(steps: int, armed: bool) -> float:
@@ -90,19 +102,25 @@ def step_cost(steps: int, armed: bool) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--cases", nargs="+", default=["1000:0", "100000:0", "1000:5000000"],
+                   metavar="TENSORS:OBJECTS", help="live tensors and Python objects per case")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--quick", action="store_true", help="small cases, few repeats (smoke test)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
+    if args.quick:
+        args.cases, args.repeats, args.steps = ["1000:0", "2000:100000"], 2, 8
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}")
     out: dict[str, object] = {"inventory": []}
-    for n in args.sizes:
-        r = inventory_cost(n, args.repeats)
+    for case in args.cases:
+        n, objects = (int(x) for x in case.split(":"))
+        r = inventory_cost(n, objects, args.repeats)
         out["inventory"].append(r)  # type: ignore[union-attr]
-        print(f"inventory  {n:>7} live tensors (counted {r['counted']}): {r['seconds'] * 1000:8.1f} ms"
-              f"   {r['seconds_per_1k'] * 1000:6.2f} ms per 1k tensors")
+        print(f"inventory  {n:>7} live tensors, {objects:>8} Python objects (counted {r['counted']}): "
+              f"{r['seconds'] * 1000:8.1f} ms   {r['seconds_per_1k'] * 1000:6.2f} ms per 1k tensors"
+              f"   (a full walk: {r['full_walk_seconds'] * 1000:.1f} ms)")
     plain = step_cost(args.steps, armed=False)
     armed = step_cost(args.steps, armed=True)
     out["site_capture"] = {"plain_step_s": plain, "armed_step_s": armed, "ratio": armed / plain}

@@ -5,8 +5,8 @@ Runs the bundled ``examples/tiny_gpt.py`` as real subprocesses in two arms:
 * plain:    ``python examples/tiny_gpt.py ARGS``
 * memscope: ``python -m memscope attach --headless --force --db RUN.db examples/tiny_gpt.py ARGS``
   (default cadence: per-layer profiling on step 1, then every 50th)
-* layers:   the same with ``--layers-every 1`` (per-layer hooks on every step; skip with
-  ``--no-layers-arm``)
+* layers:   full detail, the same with ``--inventory-every 1 --layers-every 1`` (per-layer hooks
+  and a tensor inventory on every step; skip with ``--no-layers-arm``)
 
 After one untimed warm-up run of each arm (file cache, .pyc), the arms are run
 alternately (plain, memscope, plain, memscope, ...) for ``--repeats`` pairs, and
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="OMP/MKL threads for both arms (default 2)")
     p.add_argument("--json", metavar="OUT", type=Path, default=None, help="also write the numbers as JSON")
     p.add_argument("--no-layers-arm", action="store_true",
-                   help="skip the arm with per-layer profiling on every step")
+                   help="skip the full-detail arm (per-layer profiling and an inventory on every step)")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         cmds = {
             "plain": [sys.executable, SCRIPT, *wargs],
             "memscope": [*attach, "--db", str(db), SCRIPT, *wargs],
-            "layers": [*attach, "--layers-every", "1", "--db", str(layers_db), SCRIPT, *wargs],
+            "layers": [*attach, "--inventory-every", "1", "--layers-every", "1", "--db", str(layers_db),
+                       SCRIPT, *wargs],
         }
         print(f"workload: {SCRIPT} {' '.join(wargs)}")
         print(f"threads: {args.threads}   repeats: {args.repeats}   python: {sys.executable}")
@@ -187,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     layers_ratio = None
     if "layers" in arms:
         layers_ratio = med["layers"] / med["plain"]
-        print(f"median layers-every-1: {med['layers']:.2f} s")
-        print(f"overhead ratio, layer hooks on every step (median whole-run): {layers_ratio:.3f}")
+        print(f"median full detail (--inventory-every 1 --layers-every 1): {med['layers']:.2f} s")
+        print(f"overhead ratio, full detail: layer hooks and an inventory on every step (median whole-run): "
+              f"{layers_ratio:.3f}")
     print(f"cpu-time ratio (median, secondary): {cpu_ratio:.3f}  "
           f"(plain {cpu_med['plain']:.2f} s, memscope {cpu_med['memscope']:.2f} s)")
     print(f"last memscope run recorded: {rec_steps} steps, {rec_samples} samples")
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             "median_s": med,
             "ratio": ratio,
             "layers_every_step_ratio": layers_ratio,
+            "full_detail_ratio": layers_ratio,  # the same arm: --inventory-every 1 --layers-every 1
             "cpu_times_s": cpu_times,
             "cpu_median_s": cpu_med,
             "cpu_ratio": cpu_ratio,

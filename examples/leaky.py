@@ -1,7 +1,10 @@
 """A training loop with a classic leak: the loss tensor (and its whole autograd graph, with the
 activations it saved) is kept in a list every step.
 
-    memscope attach examples/leaky.py --steps 40
+    memscope attach examples/leaky.py --steps 40 && memscope leaks RUN.db
+
+At default options the leak (about 390 KiB a step) is reported by step 5 and with its holder
+(``__main__.loss_history``) and the line that stores it (``examples/leaky.py:39``) by step 7.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Leak: a cache kept in a class attribute, shared by every instance and never evicted.
 
     memscope attach examples/leaks/class_cache.py && memscope leaks RUN.db
+
+At default options it is reported by step 5, and by step 7 with its holder
+(``__main__.EmbeddingCache.store``) and the line that stores it.
 """
 
 import torch

@@ -1,6 +1,9 @@
 """Leak: detached features appended to a module-level list every step (no graph, still a leak).
 
     memscope attach examples/leaks/detached_list.py && memscope leaks RUN.db
+
+At default options it is reported by step 5, and by step 7 with its holder
+(``__main__.features``) and the line that stores it.
 """
 
 import torch

@@ -1,6 +1,9 @@
 """Leak: a forward hook caches every output of a layer in an attribute of that layer.
 
     memscope attach examples/leaks/hook_cache.py && memscope leaks RUN.db
+
+At default options it is reported by step 5, and by step 7 with its holder
+(``__main__.model.2.cache``) and the line that stores it.
 """
 
 import torch

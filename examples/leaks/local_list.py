@@ -2,6 +2,9 @@
 never cleared): the holder is a variable of a running function, not a global.
 
     memscope attach examples/leaks/local_list.py && memscope leaks RUN.db
+
+At default options it is reported by step 5, and by step 7 with its holder
+(``__main__.train.<locals>.history``) and the line that stores it.
 """
 
 import torch

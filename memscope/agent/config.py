@@ -27,10 +27,13 @@ class AgentOptions:
     flush_interval: float = 0.25
     layers_every: int = 50  # per-layer profiling every N steps (0: never)
     layers_first: int = 1  # the first profiled step
-    inventory_every: int = 5  # tensor inventory (leak detection) every N steps (0: never)
-    # Share of the run's time inventories may take: when one costs more than this share of the
-    # steps it covers, the next is pushed further out. 0 keeps exactly ``inventory_every``;
-    # naming ``inventory_every`` without a budget means that, too.
+    # Tensor inventories (leak detection), at most every N steps (0: never). With a budget (the
+    # default) the cadence is automatic: every N steps at first, thinning out as the run goes,
+    # pulled forward when memory rises (memscope/agent/inventory/schedule.py).
+    inventory_every: int = 1
+    # Share of the training time inventories may take (beyond a small allowance for the first
+    # steps). 0: exactly every ``inventory_every`` steps; naming ``inventory_every`` without a
+    # budget means that, too.
     inventory_budget: float = 0.01
     # Forward OOMs the script catches itself (batch-size finders) are seen by default in step 0,
     # on profiled steps and on steps after one that used a quarter of the memory limit (global

@@ -108,6 +108,7 @@ class Agent:
             from memscope.agent.techniques import Controller
             self._whatif = Controller(self)
             self._guard_call("techniques", self._whatif.install)
+        self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
         self.running = True
         self._tick()  # a first sample at t0, before any training
         self._sampler.start()
@@ -341,7 +342,7 @@ class Agent:
         cuda_share = 0.0
         with self._lock:
             peak_rss = self._rss_peak.close(hwm, mem.rss)
-            peak_alloc = peak_reserved = None
+            peak_alloc = peak_reserved = end_alloc = None
             for index, (alloc, reserved) in self._cuda_peaks.items():
                 try:
                     stats = cuda.read_device_stats(index)
@@ -350,15 +351,18 @@ class Agent:
                 peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
                 device_reserved = reserved.close(stats["reserved_peak"], stats["reserved"])
                 peak_reserved = (peak_reserved or 0) + device_reserved
+                end_alloc = (end_alloc or 0) + int(stats["allocated"] or 0)
                 limit = self._cuda_limits.get(index)
                 if limit:
                     cuda_share = max(cuda_share, device_reserved / limit)
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
-                                      "peak_reserved": peak_reserved, "status": "ok"})
+                                      "peak_reserved": peak_reserved, "status": "ok",
+                                      "end_rss": mem.rss, "end_allocated": end_alloc})
         self._guard_call("oom", lambda: self._oom_step_close(
             max(cuda_share, self._oom.host_share(peak_rss, getattr(mem, "vms", None))), step + 1))
-        self._leaks.step_closed(step, end - start)  # inventories, leak suspects' sites
+        # inventories (the memory level here can pull one forward), leak suspects' sites
+        self._leaks.step_closed(step, end - start, end_alloc if end_alloc is not None else mem.rss)
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)

@@ -2,32 +2,45 @@
 
 Pure functions over ``inventories`` / ``inventory_groups`` / ``leak_holders`` rows (no torch).
 A group is one signature (category, dtype, shape, device, requires_grad, grad_fn type); its size
-at an inventory is ``bytes + graph_bytes`` (graph bytes: saved tensors its autograd graphs keep
-alive), 0 when absent.
+at an inventory is ``bytes + graph_bytes + graph_nodes x NODE_BYTES`` (saved tensors and retained
+autograd nodes its graphs keep alive), 0 when absent.
 
-The verdict (``growth``): after warm-up (inventories before ``WARMUP_STEPS`` are ignored: lazy
-optimizer state appears in steps 0 and 1), the group's size rose at every one of the last
-``MIN_INCREMENTS`` or more inventories, up to the last one, at a steady rate (the fastest
-per-step rate at most ``MAX_RATE_RATIO`` times the slowest). Not leaks: one-time growth, a
-bounded buffer that fills then plateaus, an evaluation spike that comes back down.
+The verdict (``growth``) looks at the inventories from ``WARMUP_STEPS`` on (lazy optimizer state
+appears in steps 0 and 1), and needs ``MIN_INVENTORIES`` of them (``leak_check`` says when a run
+has fewer: "no leaks" is never said without having looked).
+
+* A drop that gives back more than half of what the group gained since its last low is a
+  *reset* (a buffer cleared, a list rebuilt, an epoch's metrics emptied); smaller drops are noise.
+* Without resets: a leak rose at ``MIN_INCREMENTS`` or more inventories, kept rising up to the end
+  (no pause of two inventories or more longer than any spacing between its rises: a warm-up that
+  fills then stays, or a bounded buffer, plateaus), at a steady rate (the second half's rate within
+  ``MAX_RATE_RATIO`` of the first's: not a one-time jump).
+* With resets, growth must persist across cycles: the last low (after the last reset) is above
+  the low before it and above everything the first complete cycle held. A fill-and-clear
+  buffer's lows never climb over a full buffer, whatever step the run ends on or however the
+  inventories fall in its cycle; a leak beside it does, after enough cycles.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from memscope.constants import WARMUP_STEPS
+from memscope.constants import NODE_BYTES, WARMUP_STEPS
 
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
 
 MIN_INCREMENTS = 3
+MIN_INVENTORIES = MIN_INCREMENTS + 1  # after warm-up, for any verdict
 MAX_RATE_RATIO = 4.0
+RESET_SHARE = 0.5
 SIG_COLUMNS = ("category", "dtype", "shape", "device", "requires_grad", "grad_fn")
 
 Sig = tuple[Any, ...]
+Point = tuple[int, int, int, int]  # step, size, tensors, graph nodes
 
 
 @dataclass
@@ -36,6 +49,7 @@ class Growth:
     last_step: int
     bytes_per_step: float
     tensors_per_step: float
+    nodes_per_step: float = 0.0
 
 
 @dataclass
@@ -52,43 +66,150 @@ class Leak:
     last_step: int
     grad_fn: str | None = None
     bytes_now: int = 0
+    graph_nodes_per_step: float = 0.0  # autograd nodes retained per step
+
+    @property
+    def kind(self) -> str:
+        """``graph``: a growing chain of autograd nodes with few tensor bytes (``total_loss +=
+        loss``); ``tensors``: tensors that pile up."""
+        if self.graph_nodes_per_step > 0 and self.tensors_per_step <= 0:
+            return "graph"
+        return "tensors"
 
     def as_json(self) -> dict[str, Any]:
         return {"bytes_per_step": self.bytes_per_step, "tensors_per_step": self.tensors_per_step,
                 "shape": self.shape, "dtype": self.dtype, "category": self.category,
                 "held_by": self.held_by, "site": self.site, "module": self.module,
-                "first_step": self.first_step, "last_step": self.last_step}
+                "first_step": self.first_step, "last_step": self.last_step,
+                # additive to memscope.report/1
+                "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step}
 
 
-def growth(points: Sequence[tuple[int, int, int]]) -> Growth | None:
-    """``points``: (step, bytes, count) at every inventory, in step order. A steady growth up to
-    the last point, or None."""
-    pts = [p for p in points if p[0] >= WARMUP_STEPS]
-    if len(pts) < MIN_INCREMENTS + 1:
+@dataclass
+class LeakCheck:
+    """Whether the run had enough inventories for a verdict ("no leaks" only after looking)."""
+
+    inventories: int  # inventories from the warm-up on
+    needed: int
+    off: bool = False  # inventories were turned off (--inventory-every 0)
+    steps: int | None = None  # completed steps from the warm-up on (None: not known)
+
+    @property
+    def verdict(self) -> str:
+        return "ok" if self.inventories >= self.needed else "insufficient"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"inventories": self.inventories, "needed": self.needed, "verdict": self.verdict}
+
+    def advice(self) -> str:
+        """What the user can do about an insufficient check (one line)."""
+        if self.off:
+            return "tensor inventories were off (--inventory-every 0): attach without it to look for leaks"
+        have = (f"{self.inventories} of the {self.needed} inventories a verdict needs from step "
+                f"{WARMUP_STEPS} on")
+        if self.steps is not None and self.inventories >= self.steps:  # one at every step already
+            return f"{have}: run at least {WARMUP_STEPS + self.needed} steps"
+        return (f"{have}: run at least {WARMUP_STEPS + self.needed} steps, or attach with "
+                "--inventory-every 1")
+
+
+# -- the verdict -------------------------------------------------------------------------------
+
+def growth(points: Sequence[tuple[int, ...]]) -> Growth | None:
+    """``points``: (step, size, count[, graph nodes]) at every inventory, in step order. A steady
+    growth that persists up to the last point, or None."""
+    pts: list[Point] = [(int(p[0]), int(p[1]), int(p[2]), int(p[3]) if len(p) > 3 else 0)
+                        for p in points if p[0] >= WARMUP_STEPS]
+    if len(pts) < MIN_INVENTORIES:
         return None
-    i = len(pts) - 1
-    while i > 0 and pts[i][1] > pts[i - 1][1]:
-        i -= 1
-    run = pts[i:]
-    if len(run) < MIN_INCREMENTS + 1:
-        return None
-    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(run, run[1:]) if b[0] > a[0]]
-    if not rates or min(rates) <= 0 or max(rates) > MAX_RATE_RATIO * min(rates):
-        return None
-    span = run[-1][0] - run[0][0]
-    return Growth(run[0][0], run[-1][0], (run[-1][1] - run[0][1]) / span,
-                  (run[-1][2] - run[0][2]) / span)
+    lows = _cycle_lows(pts)
+    if len(lows) == 1:
+        return _rising(pts)
+    return _rising_lows(pts, lows)
 
 
-def series(steps: Sequence[int], rows: Iterable[dict[str, Any]]) -> dict[Sig, list[tuple[int, int, int]]]:
-    """Per signature, (step, bytes + graph_bytes, count) at every inventory step (0 if absent)."""
-    by: dict[Sig, dict[int, tuple[int, int]]] = {}
+def _cycle_lows(pts: list[Point]) -> list[int]:
+    """Index of the low point of each cycle (the first point starts the first one)."""
+    lows = [0]
+    low = high = pts[0][1]
+    for i in range(1, len(pts)):
+        v, prev = pts[i][1], pts[i - 1][1]
+        if v < prev and (v <= low or v - low < RESET_SHARE * (high - low)):
+            if lows[-1] == i - 1:
+                lows[-1] = i  # still falling (or falling from the first point): the same low
+            else:
+                lows.append(i)
+            low = high = v
+        else:
+            high = max(high, v)
+    return lows
+
+
+def _rising(pts: list[Point]) -> Growth | None:
+    rises = [i for i in range(1, len(pts)) if pts[i][1] > pts[i - 1][1]]
+    if len(rises) < MIN_INCREMENTS:
+        return None
+    gaps = [pts[b][0] - pts[a][0] for a, b in zip(rises, rises[1:])]
+    gap = max(statistics.median(gaps), 1) if gaps else 1
+    # a pause longer than any spacing of its rises so far (and over two inventories): it
+    # stopped (a warm-up cache full, a buffer at its bound)
+    tail = pts[-1][0] - pts[rises[-1]][0]
+    if tail > max(gaps, default=1) and len(pts) - 1 - rises[-1] >= 2:
+        return None
+    first = len(rises) - 1
+    while first > 0 and pts[rises[first]][0] - pts[rises[first - 1]][0] <= 2 * gap:
+        first -= 1
+    window = pts[rises[first] - 1:]
+    if sum(1 for i in range(1, len(window)) if window[i][1] > window[i - 1][1]) < MIN_INCREMENTS:
+        return None
+    if not _steady(window):
+        return None
+    return _rate(window[0], window[-1])
+
+
+def _steady(window: list[Point]) -> bool:
+    """The growth rate of the window's second half (by steps) is within MAX_RATE_RATIO of the
+    first half's, and both are positive."""
+    a, z = window[0], window[-1]
+    mid = (a[0] + z[0]) / 2
+    m = max((p for p in window[1:-1] if p[0] <= mid), key=lambda p: p[0], default=window[1])
+    if not a[0] < m[0] < z[0]:
+        return len(window) >= 2 and z[1] > a[1]
+    r1 = (m[1] - a[1]) / (m[0] - a[0])
+    r2 = (z[1] - m[1]) / (z[0] - m[0])
+    return r1 > 0 and r2 > 0 and max(r1, r2) <= MAX_RATE_RATIO * min(r1, r2)
+
+
+def _rising_lows(pts: list[Point], lows: list[int]) -> Growth | None:
+    """Cycles: the last low is above everything the first complete cycle held (growth that
+    persisted across the cycles since), and above the low before it (still growing)."""
+    if len(lows) < 3:
+        return None
+    first = pts[lows[1]:lows[2]]  # the first complete cycle: from a reset to the next
+    a, b, c = pts[lows[1]], pts[lows[-2]], pts[lows[-1]]
+    if not (c[1] > b[1] and c[1] > max(p[1] for p in first)):
+        return None
+    return _rate(a, c)
+
+
+def _rate(a: Point, z: Point) -> Growth:
+    span = max(z[0] - a[0], 1)
+    return Growth(a[0], z[0], (z[1] - a[1]) / span, (z[2] - a[2]) / span, (z[3] - a[3]) / span)
+
+
+# -- series from rows ----------------------------------------------------------------------------
+
+def series(steps: Sequence[int], rows: Iterable[dict[str, Any]]) -> dict[Sig, list[Point]]:
+    """Per signature, (step, size, count, graph nodes) at every inventory step (0 if absent)."""
+    by: dict[Sig, dict[int, tuple[int, int, int]]] = {}
     for r in rows:
         sig = tuple(r[c] for c in SIG_COLUMNS)
         d = by.setdefault(sig, {})
-        b, c = d.get(r["step"], (0, 0))
-        d[r["step"]] = (b + int(r["bytes"] or 0) + int(r["graph_bytes"] or 0), c + int(r["count"] or 0))
-    return {sig: [(s, *d.get(s, (0, 0))) for s in steps] for sig, d in by.items()}
+        nodes = int(r.get("graph_nodes") or 0)
+        b, c, n = d.get(r["step"], (0, 0, 0))
+        d[r["step"]] = (b + int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + nodes * NODE_BYTES,
+                        c + int(r["count"] or 0), n + nodes)
+    return {sig: [(s, *d.get(s, (0, 0, 0))) for s in steps] for sig, d in by.items()}
 
 
 def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
@@ -114,7 +235,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         shape=_shape(sig[2]), dtype=sig[1], category=sig[0],
                         held_by=h.get("held_by"), site=h.get("site"), module=h.get("module"),
                         first_step=g.first_step, last_step=g.last_step, grad_fn=sig[5],
-                        bytes_now=pts[-1][1]))
+                        bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3)))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
 
@@ -150,6 +271,22 @@ def leaks_of(reader: "RunReader", proc: int | None) -> list[Leak]:
     return find_leaks(steps, rows, holders)
 
 
+def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
+    """How many inventories the verdict could use, against the number it needs."""
+    steps = inventory_steps(reader, proc) if proc is not None else []
+    off = False
+    if proc is not None and not steps:
+        opts = reader.query("SELECT options FROM processes WHERE id = ?", (proc,))
+        try:
+            off = bool(opts) and json.loads(opts[0]["options"] or "{}").get("inventory_every") == 0
+        except (TypeError, ValueError, AttributeError):
+            off = False
+    done = reader.scalar("SELECT count(*) FROM steps WHERE proc = ? AND status = 'ok' AND step >= ?",
+                         (proc, WARMUP_STEPS)) if proc is not None else None
+    return LeakCheck(sum(1 for s in steps if s >= WARMUP_STEPS), MIN_INVENTORIES, off,
+                     int(done) if done is not None else None)
+
+
 @dataclass
 class GroupDiff:
     category: str
@@ -173,11 +310,11 @@ class GroupDiff:
 
 def diff(reader: "RunReader", proc: int, a: int, b: int) -> list[GroupDiff]:
     """Groups whose bytes or counts changed between inventories ``a`` and ``b``, largest change
-    first (bytes include graph bytes)."""
+    first (bytes include graph bytes and retained nodes)."""
     rows = reader.query("SELECT * FROM inventory_groups WHERE proc = ? AND step IN (?, ?)", (proc, a, b))
     ser = series([a, b], rows)
     out = []
-    for sig, ((_, ba, ca), (_, bb, cb)) in ser.items():
+    for sig, ((_, ba, ca, _na), (_, bb, cb, _nb)) in ser.items():
         if ba == bb and ca == cb:
             continue
         out.append(GroupDiff(sig[0], sig[1], _shape(sig[2]), sig[5], sig[3], ca, cb, ba, bb))
@@ -185,11 +322,18 @@ def diff(reader: "RunReader", proc: int, a: int, b: int) -> list[GroupDiff]:
     return out
 
 
+# -- what to do --------------------------------------------------------------------------------
+
 def fix_how(leak: Leak) -> str:
     """The likely fix for a leak, from what it is."""
     where = f" in {leak.held_by}" if leak.held_by else ""
     if leak.site:
         where += f" (at {leak.site})"
+    if leak.kind == "graph":
+        name = _short(leak.held_by) if leak.held_by else "total_loss"
+        return (f"accumulate Python numbers, not tensors: `{name} += loss.item()`{where}; adding "
+                "a tensor that has a grad_fn chains every step's autograd graph onto it "
+                f"(about {leak.graph_nodes_per_step:g} nodes a step, never freed)")
     if leak.grad_fn and leak.shape == []:
         return (f"store loss.item() (a Python float){where} instead of the loss tensor: "
                 "the tensor keeps its whole autograd graph and saved activations alive")
@@ -199,18 +343,35 @@ def fix_how(leak: Leak) -> str:
     return f"clear or bound the container{where} (collections.deque(maxlen=N), or drop entries once used)"
 
 
+def _short(held_by: str) -> str:
+    """The variable a person writes: ``__main__.train.<locals>.total_loss`` -> ``total_loss``."""
+    return held_by.rsplit(".", 1)[-1] if "<" not in held_by.rsplit(".", 1)[-1] else held_by
+
+
+def describe(leak: Leak) -> str:
+    """What grows, in a few words: the group, or the retained graph nodes."""
+    what = f"{leak.category} {leak.dtype} {leak.shape}" + (f" {leak.grad_fn}" if leak.grad_fn else "")
+    if leak.kind == "graph":
+        return f"autograd graph kept by {what}, {leak.graph_nodes_per_step:g} nodes/step"
+    return what
+
+
 def suggestions(leaks: Sequence[Leak], steps: int) -> list[dict[str, Any]]:
     """``fix_leak`` suggestions: the saving is bytes_per_step x the run's completed steps (what
     the leak accumulates over a run this long)."""
     out = []
     for lk in leaks:
-        what = f"{lk.category} {lk.dtype} {lk.shape}" + (f" ({lk.grad_fn})" if lk.grad_fn else "")
+        if lk.kind == "graph":
+            grows = (f"{describe(lk)}, about {lk.bytes_per_step} bytes/step (estimated at "
+                     f"{NODE_BYTES} bytes a node)")
+        else:
+            grows = (f"{describe(lk)} grows by {lk.bytes_per_step} bytes/step "
+                     f"({lk.tensors_per_step:g} tensors/step)")
         out.append({
             "technique": "fix_leak",
             "estimated_saving_bytes": int(lk.bytes_per_step * max(steps, 0)),
-            "evidence": (f"{what} grows by {lk.bytes_per_step} bytes/step "
-                         f"({lk.tensors_per_step:g} tensors/step) from step {lk.first_step} to "
-                         f"{lk.last_step}" + (f", held by {lk.held_by}" if lk.held_by else "")),
+            "evidence": (f"{grows} from step {lk.first_step} to {lk.last_step}"
+                         + (f", held by {lk.held_by}" if lk.held_by else "")),
             "how": fix_how(lk),
         })
     return out

@@ -22,6 +22,8 @@ from typing import Any, Callable
 from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories, suggestions as leak_suggestions
 from memscope.analysis.oom import ABSURD_REQUEST, demand, fragmentation
+from memscope.analysis.unexplained import suggestion as unexplained_suggestion
+from memscope.analysis.workers import suggestion as workers_suggestion
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.store.reader import RunReader
 
@@ -111,6 +113,10 @@ def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Sugges
         for rule in RULES:
             out.extend(x for x in rule(facts) if x.estimated_saving_bytes >= MIN_SAVING)
     out.extend(Suggestion(**d) for d in leak_suggestions(s.leaks, s.steps))
+    if s.unexplained is not None:
+        out.append(Suggestion(**unexplained_suggestion(s.unexplained, s.steps)))
+    if s.workers is not None:
+        out.append(Suggestion(**workers_suggestion(s.workers)))
     out.sort(key=lambda x: (-x.estimated_saving_bytes, x.technique))
     return out
 

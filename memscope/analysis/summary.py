@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.analysis.oom import OomReport, post_mortem
-from memscope.analysis.leaks import Leak, leaks_of
+from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, leak_check, leaks_of
+from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
+from memscope.analysis.workers import WorkerGrowth, worker_growth
 from memscope.analysis.ranks import RankSummary, rank_summaries
 from memscope.analysis.hotspots import Hotspot, breakdown_at, choose_step, hotspots, layer_rows, profiled_steps
 from memscope.store.reader import RunReader
@@ -50,6 +52,9 @@ class RunSummary:
     hotspot_step: int | None = None  # the profiled step the hotspots come from
     main_proc: int | None = None  # rank 0, or the process with the most steps
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
+    leak_check: LeakCheck = field(default_factory=lambda: LeakCheck(0, MIN_INVENTORIES))  # enough inventories?
+    unexplained: UnexplainedGrowth | None = None  # memory growth no tensor group accounts for
+    workers: WorkerGrowth | None = None  # DataLoader workers' copy-on-read growth
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
     # techniques memscope applied to the unchanged script (attach --try, whatif trials): what
@@ -108,6 +113,9 @@ def summarize(reader: RunReader) -> RunSummary:
         hotspot_step=spot_step,
         main_proc=main["id"] if main else None,
         leaks=leaks_of(reader, main["id"] if main else None),
+        leak_check=leak_check(reader, main["id"] if main else None),
+        unexplained=unexplained_growth(reader, main["id"] if main else None),
+        workers=worker_growth(reader),
         oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
         techniques=_techniques(reader),

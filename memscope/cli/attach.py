@@ -43,15 +43,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers-first", type=int, default=AgentOptions.layers_first, metavar="N",
                         help="the first profiled step (default %(default)s)")
     parser.add_argument("--inventory-every", type=int, default=None, metavar="N",
-                        help="tensor inventory for leak detection every N steps, exactly "
-                             f"(0: never; default {AgentOptions.inventory_every}, stretched by the budget)")
+                        help="tensor inventory for leak detection every N steps, exactly (0: never; "
+                             "default: automatic, every step at first, thinning out as the run "
+                             "goes, within --inventory-budget)")
     parser.add_argument("--catch-forward-oom", action="store_true",
                         help="record forward OOMs the script catches itself in every step (by "
                              "default: step 0, profiled steps, steps near the memory limit); adds a "
                              "forward hook to the model's root module")
     parser.add_argument("--inventory-budget", type=float, default=None, metavar="F",
-                        help="share of run time inventories may take before the next is pushed out "
-                             f"(default {AgentOptions.inventory_budget}; 0: no limit)")
+                        help="share of training time inventories may take; with it, "
+                             "--inventory-every N is the densest automatic cadence "
+                             f"(default {AgentOptions.inventory_budget}; 0: exactly every N steps)")
     parser.add_argument("--max-steps", type=int, default=0, metavar="N",
                         help="end the run cleanly after N completed steps (exit 0; 0: no limit)")
     parser.add_argument("--try", dest="try_techniques", action="append", default=[],

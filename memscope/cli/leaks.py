@@ -1,5 +1,5 @@
 """``memscope leaks RUN.db [--from A] [--to B] [--json]``: what grew between two inventories,
-and which tensor groups leak."""
+which tensor groups leak, and whether there were enough inventories to tell."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import argparse
 import json
 from typing import Any
 
-from memscope.analysis.leaks import GroupDiff, Leak, diff, fix_how, inventory_steps, leaks_of
-from memscope.analysis.summary import summarize
+from memscope.analysis.leaks import GroupDiff, Leak, LeakCheck, describe, diff, fix_how, inventory_steps
+from memscope.analysis.summary import RunSummary, summarize
+from memscope.analysis.unexplained import UnexplainedGrowth
+from memscope.analysis.workers import WorkerGrowth
 from memscope.cli.errors import CliError
+from memscope.constants import NODE_BYTES, WARMUP_STEPS
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
@@ -27,25 +30,28 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with RunReader(args.db) as reader:
-        proc = summarize(reader).main_proc
+        s = summarize(reader)
+        proc = s.main_proc
         steps = inventory_steps(reader, proc) if proc is not None else []
         if not steps:
-            raise CliError(f"leaks: {args.db} has no tensor inventory "
-                           "(attach with --inventory-every N, N > 0)")
+            raise CliError(f"leaks: {args.db} has no tensor inventory: {s.leak_check.advice()}")
         a = steps[0] if args.from_step is None else args.from_step
         b = steps[-1] if args.to_step is None else args.to_step
-        for name, s in (("--from", a), ("--to", b)):
-            if s not in steps:
+        for name, st in (("--from", a), ("--to", b)):
+            if st not in steps:
                 shown = ", ".join(map(str, steps[:20])) + (" ..." if len(steps) > 20 else "")
-                raise CliError(f"leaks: {name} {s} is not an inventoried step (inventoried: {shown})")
+                raise CliError(f"leaks: {name} {st} is not an inventoried step (inventoried: {shown})")
         changes = diff(reader, proc, a, b)  # type: ignore[arg-type]
-        found = leaks_of(reader, proc)
     if args.json:
         print(json.dumps({"from": a, "to": b, "inventoried_steps": steps,
                           "diff": [_diff_json(d) for d in changes],
-                          "leaks": [_leak_json(lk) for lk in found]}, indent=2))
+                          "leaks": [_leak_json(lk) for lk in s.leaks],
+                          "leak_check": s.leak_check.as_json(),
+                          "unexplained_growth": s.unexplained.as_json() if s.unexplained else None,
+                          "dataloader_workers": s.workers.as_json() if s.workers else None},
+                         indent=2))
     else:
-        print(render(a, b, steps, changes, found))
+        print(render(a, b, steps, changes, s))
     return 0
 
 
@@ -64,7 +70,7 @@ def _what(category: str, dtype: str | None, shape: list[int] | None, grad_fn: st
     return f"{category} {dtype} {shape}" + (f" {grad_fn}" if grad_fn else "")
 
 
-def render(a: int, b: int, steps: list[int], changes: list[GroupDiff], found: list[Leak],
+def render(a: int, b: int, steps: list[int], changes: list[GroupDiff], s: RunSummary,
            top: int = 15) -> str:
     lines = [f"inventories at steps {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''}",
              f"change from step {a} to step {b} (bytes include autograd graphs kept alive):"]
@@ -83,14 +89,55 @@ def render(a: int, b: int, steps: list[int], changes: list[GroupDiff], found: li
                                           for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     if len(changes) > top:
         lines.append(f"  ... {len(changes) - top} more (--json for all)")
-    if not found:
-        lines.append("leaks: none (no group grew steadily to the end of the run)")
-    for lk in found:
-        lines.append(f"LEAK  {_what(lk.category, lk.dtype, lk.shape, lk.grad_fn)}: "
-                     f"+{human_bytes(lk.bytes_per_step)}/step, {lk.tensors_per_step:g} tensors/step, "
-                     f"steps {lk.first_step}–{lk.last_step}")
-        lines.append(f"      held by {lk.held_by or 'unknown'}"
-                     + (f" · stored at {lk.site}" if lk.site else "")
-                     + (f" · from the forward of {lk.module or '(model)'}" if lk.module is not None else ""))
-        lines.append(f"      fix: {fix_how(lk)}")
+    lines.extend(verdict_lines(s))
     return "\n".join(lines)
+
+
+def verdict_lines(s: RunSummary) -> list[str]:
+    """The verdicts: leaks, or none, or not enough inventories to tell; growth no tensor group
+    explains; DataLoader workers' copy-on-read."""
+    out = [line for lk in s.leaks for line in leak_lines(lk)]
+    if not s.leaks:
+        out.append(none_line(s.leak_check))
+    if s.unexplained is not None:
+        out.extend(unexplained_lines(s.unexplained))
+    if s.workers is not None:
+        out.extend(worker_lines(s.workers))
+    return out
+
+
+def none_line(check: LeakCheck) -> str:
+    if check.verdict == "ok":
+        return (f"leaks: none (no group grew steadily to the end of the run; {check.inventories} "
+                f"inventories from step {WARMUP_STEPS} on)")
+    return f"leaks: not enough inventories to tell: {check.advice()}"
+
+
+def leak_lines(lk: Leak) -> list[str]:
+    if lk.kind == "graph":
+        head = (f"LEAK  {describe(lk)}: ~{human_bytes(lk.bytes_per_step)}/step "
+                f"(estimated at {NODE_BYTES} bytes a node), steps {lk.first_step}–{lk.last_step}")
+    else:
+        head = (f"LEAK  {describe(lk)}: +{human_bytes(lk.bytes_per_step)}/step, "
+                f"{lk.tensors_per_step:g} tensors/step, steps {lk.first_step}–{lk.last_step}")
+    return [head,
+            f"      held by {lk.held_by or 'unknown'}"
+            + (f" · stored at {lk.site}" if lk.site else "")
+            + (f" · from the forward of {lk.module or '(model)'}" if lk.module is not None else ""),
+            f"      fix: {fix_how(lk)}"]
+
+
+def unexplained_lines(u: UnexplainedGrowth) -> list[str]:
+    metric = "host RSS" if u.metric == "rss" else "CUDA allocated memory"
+    return [f"GROWTH {metric} +{human_bytes(u.bytes_per_step)}/step from step {u.first_step} to "
+            f"{u.last_step} that no tensor group explains (inventories: "
+            f"+{human_bytes(u.explained_bytes_per_step)}/step)",
+            f"      fix: {u.how()}"]
+
+
+def worker_lines(w: WorkerGrowth) -> list[str]:
+    per_step = f", ~{human_bytes(w.bytes_per_step)}/step" if w.bytes_per_step else ""
+    return [f"WORKERS {w.workers} of {w.of_workers} DataLoader worker(s) copied "
+            f"{human_bytes(w.uss_end - w.uss_start)} of the dataset into private memory "
+            f"({human_bytes(w.uss_start)} → {human_bytes(w.uss_end)} USS in {w.seconds:.0f} s{per_step})",
+            f"      fix: {w.how()}"]

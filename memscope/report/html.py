@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from memscope import __version__
+from memscope.analysis.leaks import describe, fix_how
 from memscope.analysis.oom import OomReport, advice
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
@@ -252,13 +253,33 @@ def _hotspots(s: RunSummary) -> str:
 
 
 def _leaks(s: RunSummary) -> str:
-    if not s.leaks:
-        return '<h2>Leaks</h2><p class="none">none found</p>'
-    rows = [[esc(f"{lk.category} {lk.dtype} {lk.shape}"), esc(human_bytes(lk.bytes_per_step)),
-             esc(f"{lk.tensors_per_step:g}"), esc(f"{lk.first_step}–{lk.last_step}"),
-             esc(lk.held_by)] for lk in s.leaks]
-    return "<h2>Leaks</h2>" + _table(["group", "per step", "tensors/step", "steps", "held by"],
-                                     rows, {1, 2})
+    """Leaks (with their fix), or none, or not enough inventories to tell; growth no tensor
+    group explains; DataLoader workers copying their dataset."""
+    parts = ["<h2>Leaks</h2>"]
+    if s.leaks:
+        rows = [[esc(describe(lk)), esc(("~" if lk.kind == "graph" else "") + human_bytes(lk.bytes_per_step)),
+                 esc(f"{lk.tensors_per_step:g}"), esc(f"{lk.first_step}–{lk.last_step}"),
+                 esc(lk.held_by), esc(lk.site), esc(fix_how(lk))] for lk in s.leaks]
+        parts.append(_table(["group", "per step", "tensors/step", "steps", "held by", "stored at", "fix"],
+                            rows, {1, 2}))
+    elif s.leak_check.verdict == "ok":
+        parts.append(f'<p class="none">none found in {s.leak_check.inventories} inventories</p>')
+    else:
+        parts.append(f'<p class="insufficient">not enough inventories to tell: {esc(s.leak_check.advice())}</p>')
+    u = s.unexplained
+    if u is not None:
+        metric = "host RSS" if u.metric == "rss" else "CUDA allocated memory"
+        parts.append(f'<p class="growth">{esc(metric)} grows by {esc(human_bytes(u.bytes_per_step))}/step '
+                     f"from step {u.first_step} to {u.last_step}, and no tensor group explains it "
+                     f"(inventories: {esc(human_bytes(u.explained_bytes_per_step))}/step). "
+                     f"{esc(u.how())}</p>")
+    w = s.workers
+    if w is not None:
+        parts.append(f'<p class="growth">{w.workers} of {w.of_workers} DataLoader worker(s) copied '
+                     f"{esc(human_bytes(w.uss_end - w.uss_start))} of their dataset into private memory "
+                     f"(USS {esc(human_bytes(w.uss_start))} → {esc(human_bytes(w.uss_end))} in "
+                     f"{w.seconds:.0f} s). {esc(w.how())}</p>")
+    return "".join(parts)
 
 
 def suggestions_of(reader: RunReader, s: RunSummary) -> list[dict[str, Any]]:
@@ -311,6 +332,7 @@ thead th{border-bottom:1px solid #ccc}
 .share span{display:block;height:100%;background:#1f77b4}
 .oom{border-left:4px solid #d62728;padding-left:12px}
 .none{color:#666}
+.insufficient,.growth{color:#a15c00}
 footer{color:#888;font-size:12px;padding:0 16px 16px}
 """
 

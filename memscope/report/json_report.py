@@ -53,6 +53,12 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
         # additive to memscope.report/1: one entry per process; (max - min) / max of their peaks
         "ranks": [r.as_json() for r in s.ranks],
         "rank_imbalance": _round(imbalance(s.ranks)),
+        # additive: whether there were enough inventories for the leak verdict ("leaks": [] is
+        # only "none" when verdict is "ok"), memory growth no tensor group accounts for, and
+        # DataLoader workers' copy-on-read growth (null when not seen)
+        "leak_check": s.leak_check.as_json(),
+        "unexplained_growth": s.unexplained.as_json() if s.unexplained else None,
+        "dataloader_workers": s.workers.as_json() if s.workers else None,
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from memscope.analysis.hotspots import Hotspot
+from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
@@ -70,10 +71,7 @@ def render_summary(s: RunSummary) -> str:
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
                      " (memscope layers RUN.db for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
-    for lk in s.leaks[:3]:
-        what = f"{lk.category} {lk.dtype} {lk.shape}" + (f" {lk.grad_fn}" if lk.grad_fn else "")
-        lines.append(f"leak      {what} +{human_bytes(lk.bytes_per_step)}/step, held by "
-                     f"{lk.held_by or 'unknown'} (memscope leaks RUN.db)")
+    lines.extend(render_leaks(s))
     lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)
 
@@ -82,6 +80,34 @@ def _end(s: RunSummary) -> str:
     if s.ended:
         return clock(s.ended)
     return "still running" if s.status == "running" else "never recorded"
+
+
+def render_leaks(s: RunSummary) -> list[str]:
+    """The leak lines: each leak, or none, or not enough inventories to tell (with what to do);
+    growth no tensor group explains; DataLoader workers copying their dataset."""
+    out = []
+    for lk in s.leaks[:3]:
+        per_step = ("~" if lk.kind == "graph" else "+") + human_bytes(lk.bytes_per_step)
+        out.append(f"leak      {describe(lk)}: {per_step}/step, held by "
+                   f"{lk.held_by or 'unknown'} (memscope leaks RUN.db)")
+    if len(s.leaks) > 3:
+        out.append(f"          {len(s.leaks) - 3} more (memscope leaks RUN.db)")
+    if not s.leaks:
+        check = s.leak_check
+        if check.verdict == "ok":
+            out.append(f"leaks     none in {check.inventories} inventories")
+        else:
+            out.append(f"leaks     not enough inventories to tell: {check.advice()}")
+    u = s.unexplained
+    if u is not None:
+        metric = "host RSS" if u.metric == "rss" else "CUDA allocated"
+        out.append(f"growth    {metric} +{human_bytes(u.bytes_per_step)}/step (steps {u.first_step}–"
+                   f"{u.last_step}) that no tensor group explains (memscope leaks RUN.db)")
+    w = s.workers
+    if w is not None:
+        out.append(f"workers   {w.workers} DataLoader worker(s) copied {human_bytes(w.uss_end - w.uss_start)} "
+                   "of their dataset (copy-on-read; memscope leaks RUN.db)")
+    return out
 
 
 def render_suggestions(items: list[Suggestion], top: int = 5, indent: str = "  ") -> list[str]:

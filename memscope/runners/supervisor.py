@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import memscope
 from memscope.agent.config import ENV_DB, ENV_OPTIONS, ENV_PATH, ENV_SKIP_CHILD_OF, ENV_SUPERVISOR
+from memscope.runners.workers import WorkerSampler
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(memscope.__file__)), "agent", "bootstrap")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -141,12 +142,23 @@ def _dynamic_path(spec: Any) -> bool:
 
 
 def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
-    if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
-        return _run_linux(command, env)
-    return _run_portable(command, env)
+    # DataLoader workers' memory, sampled from outside while we wait (memscope.runners.workers)
+    sampler = WorkerSampler(env[ENV_DB]) if env.get(ENV_DB) else None
+    tick: Callable[[int], None] = sampler.tick if sampler is not None else _no_tick
+    try:
+        if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
+            return _run_linux(command, env, tick)
+        return _run_portable(command, env, tick)
+    finally:
+        if sampler is not None:
+            sampler.close()
 
 
-def _run_linux(command: Sequence[str], env: dict[str, str]) -> ChildExit:
+def _no_tick(pid: int) -> None:
+    pass
+
+
+def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int], None]) -> ChildExit:
     """Block the signals we care about and collect them with sigtimedwait: we learn who sent
     each one, so a ^C the terminal already delivered to the child is not delivered twice."""
     watched = set(_FORWARDED) | {signal.SIGCHLD}
@@ -166,6 +178,7 @@ def _run_linux(command: Sequence[str], env: dict[str, str]) -> ChildExit:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
+            tick(pid)
             if info is not None and info.si_signo != signal.SIGCHLD:
                 interrupted = interrupted or info.si_signo == signal.SIGINT
                 if info.si_code != _SI_KERNEL:
@@ -212,7 +225,7 @@ def _child_setup(mask: set[int | signal.Signals], parent: int) -> Any:
     return setup
 
 
-def _run_portable(command: Sequence[str], env: dict[str, str]) -> ChildExit:
+def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[int], None]) -> ChildExit:
     try:
         child = subprocess.Popen(list(command), env=env)
     except OSError as exc:
@@ -225,7 +238,12 @@ def _run_portable(command: Sequence[str], env: dict[str, str]) -> ChildExit:
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, forward)}
     try:
-        code = child.wait()
+        while True:
+            try:
+                code = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                tick(child.pid)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

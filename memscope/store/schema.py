@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -185,9 +185,33 @@ ALTER TABLE run ADD COLUMN owner_pid INTEGER;     -- who finishes the run: attac
 """
 
 
+# Version 6 (issue #12, leak verdicts): retained autograd nodes, memory at step boundaries,
+# DataLoader workers
+_V6 = """
+-- inventories.graph_nodes: autograd nodes kept alive by live graphs (NULL: not counted);
+-- inventories.full: 1 when a walk over every object found the tensors, 0 the live-tensor registry;
+-- inventories.level: host RSS (CPU) or CUDA allocated bytes at that boundary
+ALTER TABLE inventories ADD COLUMN graph_nodes INTEGER;
+ALTER TABLE inventories ADD COLUMN full INTEGER;
+ALTER TABLE inventories ADD COLUMN level INTEGER;
+ALTER TABLE inventory_groups ADD COLUMN graph_nodes INTEGER; -- autograd nodes these tensors' graphs keep alive
+ALTER TABLE steps ADD COLUMN end_rss INTEGER;                -- host RSS at the boundary that closed the step
+ALTER TABLE steps ADD COLUMN end_allocated INTEGER;          -- CUDA allocated bytes there, summed over devices
+CREATE TABLE worker_samples (
+    proc INTEGER NOT NULL,          -- the training process whose child it is
+    pid INTEGER NOT NULL,           -- the worker (a DataLoader worker: a child process not itself recorded)
+    t REAL NOT NULL,
+    uss INTEGER,                    -- unique set size: pages only this worker holds (its copies)
+    pss INTEGER,                    -- proportional set size
+    rss INTEGER
+);
+CREATE INDEX worker_samples_t ON worker_samples (proc, pid, t);
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -97,7 +97,7 @@ def test_every_option_works_in_attach_the_api_and_both_callbacks(tmp_path: Path)
                         str(tmp_path / "huggingface.db"), json.dumps(kwargs)],
     }
     for how in runs:  # an existing file: refused without force
-        (tmp_path / f"{how}.db").write_bytes(b"not a run file")
+        (tmp_path / f"{how}.db").write_bytes(b"")  # force replaces an empty file
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip(runs, pool.map(lambda c: _run(c, tmp_path), runs.values())))
     for how, out in results.items():

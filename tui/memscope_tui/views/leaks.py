@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from memscope.analysis.leaks import GroupDiff, Leak
+from memscope.analysis.summary import RunSummary
 from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
@@ -22,15 +23,46 @@ DIFF_COLUMNS = [("category", "cat"), ("dtype", "dtype"), ("shape", "shape"), ("g
 def leak_line(lk: Leak) -> Text:
     text = Text()
     text.append("LEAK ", style="bold red")
-    text.append(f"+{human_bytes(lk.bytes_per_step)}/step", style="bold")
-    text.append(f" {lk.category} {lk.dtype} {lk.shape}")
-    if lk.grad_fn:
-        text.append(f" ({lk.grad_fn})")
+    if lk.kind == "graph":
+        text.append(f"~{human_bytes(lk.bytes_per_step)}/step", style="bold")
+        text.append(f" autograd graph kept by {lk.category} {lk.dtype} {lk.shape}"
+                    f" ({lk.grad_fn}), {lk.graph_nodes_per_step:g} nodes/step")
+    else:
+        text.append(f"+{human_bytes(lk.bytes_per_step)}/step", style="bold")
+        text.append(f" {lk.category} {lk.dtype} {lk.shape}")
+        if lk.grad_fn:
+            text.append(f" ({lk.grad_fn})")
     text.append(f" steps {lk.first_step}–{lk.last_step}")
     text.append(f" · held by {lk.held_by or '?'}")
     if lk.site:
         text.append(f" · {lk.site}")
     return text
+
+
+def verdict_text(summary: RunSummary, inventoried: int) -> Text:
+    """The leak verdicts: leaks, or none (only after enough inventories), or what is missing;
+    memory growth no tensor group explains; DataLoader workers copying their dataset."""
+    lines = [leak_line(lk) for lk in summary.leaks[:4]]
+    check = summary.leak_check
+    if not summary.leaks:
+        if not inventoried:
+            lines.append(Text("no tensor inventories yet: " + check.advice(), style="dim"))
+        elif check.verdict == "ok":
+            lines.append(Text(f"no leaks in {check.inventories} inventories", style="green"))
+        else:
+            lines.append(Text("not enough inventories to tell yet: " + check.advice(), style="bold yellow"))
+    u = summary.unexplained
+    if u is not None:
+        metric = "host RSS" if u.metric == "rss" else "CUDA allocated"
+        lines.append(Text.assemble(("GROWTH ", "bold red"), (f"+{human_bytes(u.bytes_per_step)}/step", "bold"),
+                                   f" {metric} from step {u.first_step} that no tensor group explains"))
+    w = summary.workers
+    if w is not None:
+        lines.append(Text.assemble(("WORKERS ", "bold red"),
+                                   f"{w.workers} DataLoader worker(s) copied "
+                                   f"{human_bytes(w.uss_end - w.uss_start)} of their dataset "
+                                   "(copy-on-read: hold it in numpy arrays / Arrow)"))
+    return Text("\n").join(lines)
 
 
 class LeaksView(View):
@@ -48,21 +80,13 @@ class LeaksView(View):
         self.snap: Snapshot | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("no leaks found", id="verdicts")
+        yield Static("", id="verdicts")
         yield Static("", id="diff-caption", classes="line")
         yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
         self.snap = snap
-        leaks = snap.summary.leaks
-        verdicts = self.query_one("#verdicts", Static)
-        if leaks:
-            verdicts.update(Text("\n").join(leak_line(lk) for lk in leaks[:4]))
-        elif not snap.inventory_steps:
-            verdicts.update(Text("no tensor inventories yet (memscope attach --inventory-every N)",
-                                 style="dim"))
-        else:
-            verdicts.update(Text(f"no leaks in {len(snap.inventory_steps)} inventories", style="green"))
+        self.query_one("#verdicts", Static).update(verdict_text(snap.summary, len(snap.inventory_steps)))
         caption = self.query_one("#diff-caption", Static)
         if snap.diff_from is None or snap.diff_to is None:
             caption.update("")

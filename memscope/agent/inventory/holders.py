@@ -1,0 +1,473 @@
+"""Who holds a suspect group's tensors: a name a person can read and go fix.
+
+``find_holders`` takes a few sample objects per group and answers, per group, the root that keeps
+one of them alive, searching all groups at once, level by level up ``gc.get_referrers`` (each
+level is one pass over the process's objects, so the levels are shared, and bounded):
+
+* named roots: a module global (``__main__.features``, also of imported modules), a class
+  attribute (``__main__.Cache.store``), a function's default, keyword default, closure cell or
+  attribute (``__main__.log.__defaults__[0]``, ``__main__.log.__kwdefaults__['cache']``,
+  ``__main__.make_probe.<locals>.probe.<closure seen>``);
+* walked through on the way: lists, tuples, deques, sets, dicts (by key), instances (their
+  ``__dict__`` and ``__slots__``; nn.Module children by name), bound methods (``.__self__``),
+  ``functools.partial`` (``.args[0]``, ``.keywords['k']``), closure cells;
+* when no named root is found: a local variable of the training thread's frames, preferring the
+  container that grows (``losses``) over a variable that is one of its elements (``loss``).
+
+The growing container itself is named without an index (``__main__.history``, not
+``__main__.history[12]``); containers on the way keep theirs (``__main__.trainer.callbacks[1].store``).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+import types
+from collections import deque
+from itertools import compress
+from typing import Any, Hashable
+
+MAX_DEPTH = 10  # levels of referrers walked up (an instance's __dict__ is a level of its own)
+MAX_REFERRERS = 600  # referrers examined per group
+_LIBRARY = ("torch", "lightning", "pytorch_lightning", "transformers", "accelerate")
+
+# A path is a tuple of parts, from the holder down to the sample:
+#   ("key", k)    an entry of a dict on the way: ['k'] (or .k when the dict is an instance's __dict__)
+#   ("item", k)   the entry holding a sample: nothing (the container is the holder), .k in a __dict__
+#   ("index", i)  an element of a sequence on the way: [i]
+#   ("attr", a)   .a
+Part = tuple[str, Any]
+Path = tuple[Part, ...]
+
+
+def render(parts: Path) -> str:
+    out = []
+    for kind, v in parts:
+        if kind == "attr":
+            out.append(f".{v}")
+        elif kind == "key":
+            out.append(f"[{v!r}]")
+        elif kind == "index":
+            out.append(f"[{v}]")
+    return "".join(out)
+
+
+def _as_attrs(parts: Path) -> Path:
+    """The first part is an attribute of an instance (it came up through its ``__dict__``);
+    nn.Module's ``._modules`` / ``._parameters`` / ``._buffers`` followed by a key become that key
+    as an attribute (``.fc2``)."""
+    if not parts or parts[0][0] not in ("key", "item") or not isinstance(parts[0][1], str):
+        return parts
+    first = ("attr", parts[0][1])
+    rest = parts[1:]
+    if first[1] in ("_modules", "_parameters", "_buffers") and rest and rest[0][0] in ("key", "item") \
+            and isinstance(rest[0][1], str):
+        return (("attr", rest[0][1]),) + rest[1:]
+    return (first,) + rest
+
+
+def _as_key(parts: Path) -> Path:
+    """A dict entry that must show its key even when it holds the sample (keyword defaults)."""
+    if parts and parts[0][0] == "item" and parts[0][1] is not None:
+        return (("key", parts[0][1]),) + parts[1:]
+    return parts
+
+
+def _module_dicts() -> dict[int, str]:
+    out: dict[int, str] = {}
+    for name, mod in list(sys.modules.items()):
+        d = getattr(mod, "__dict__", None) if isinstance(mod, types.ModuleType) else None
+        if type(d) is dict and (id(d) not in out or name == "__main__"):
+            out[id(d)] = name  # __main__ wins over its aliases (__mp_main__)
+    return out
+
+
+def _preference(name: str) -> tuple[int, str]:
+    """Among names found at one level: the script's own first, libraries' last."""
+    if name.startswith("__main__."):
+        return (0, name)
+    if name.startswith(_LIBRARY):
+        return (2, name)
+    return (1, name)
+
+
+class _Search:
+    def __init__(self, samples: dict[Hashable, list[Any]]) -> None:
+        self.modules = _module_dicts()
+        self.objs: dict[int, Any] = {}  # id -> object on some path (held here only)
+        self.path: dict[int, tuple[Path, Hashable]] = {}  # id -> (path down to a sample, group)
+        self.own: set[int] = {id(self.objs), id(self.path), id(self.modules), id(samples)}
+        self.named: dict[Hashable, str] = {}  # the script's root holding a container of the group: done
+        self.others: dict[Hashable, tuple[tuple[int, int, int], str]] = {}  # the best other root so far
+        self.budget = {key: MAX_REFERRERS for key in samples}
+        self.frontier: list[Any] = []
+        for key, lst in samples.items():
+            self.own.add(id(lst))
+            for o in lst:
+                if id(o) not in self.objs:
+                    self.objs[id(o)] = o
+                    self.path[id(o)] = ((), key)
+                    self.frontier.append(o)
+
+    def run(self) -> None:
+        for _ in range(MAX_DEPTH):
+            if not self.frontier:
+                return
+            args = tuple(self.frontier)
+            self.own.update((id(args), id(self.frontier)))
+            referrers = gc.get_referrers(*args)
+            self.own.add(id(referrers))
+            fids = {id(o) for o in args}
+            found: dict[Hashable, list[str]] = {}
+            nxt: list[Any] = []
+            for r in referrers:
+                rid = id(r)
+                if rid in self.own or rid in self.objs or type(r) is types.FrameType:
+                    continue
+                try:
+                    links = _links(r, fids, self)
+                except Exception:
+                    continue
+                for cid, kind, value in links:
+                    key = self.path[cid][1]
+                    if key in self.named or self.budget[key] <= 0:
+                        continue
+                    self.budget[key] -= 1
+                    if kind == "name":
+                        rank = (0 if _through_container(self.path[cid][0]) else 1,
+                                1 if _preference(value)[0] == 2 else 0, 0)
+                        if rank == (0, 0, 0):
+                            found.setdefault(key, []).append(value)
+                        elif key not in self.others or rank < self.others[key][0]:
+                            self.others[key] = (rank, value)
+                    elif rid not in self.objs:
+                        self.objs[rid] = r
+                        self.path[rid] = (value, key)
+                        nxt.append(r)
+                        self._instance_name(r, value, key)
+            referrers.clear()
+            del referrers, args
+            for key, names in found.items():
+                self.named[key] = min(names, key=_preference)
+            self.frontier.clear()
+            self.frontier = [o for o in nxt if self.path[id(o)][1] not in self.named
+                             and self.budget[self.path[id(o)][1]] > 0]
+            nxt.clear()
+
+    def _instance_name(self, r: Any, parts: Path, key: Hashable) -> None:
+        """An instance of the script's own class on the way (a LightningModule, a callback):
+        ``<__main__.Lit>.step_outputs`` names it when only a library's names are found above."""
+        cls = type(r)
+        module = getattr(cls, "__module__", "") or ""
+        if (not _through_container(parts) or module.startswith(_LIBRARY)
+                or module in ("builtins", "functools", "collections")):
+            return
+        module = "__main__" if module == "__mp_main__" else module
+        rank = (0, 0, 2)
+        if key not in self.others or rank < self.others[key][0]:
+            self.others[key] = (rank, f"<{module}.{cls.__qualname__}>{render(parts)}")
+
+    def close(self) -> None:
+        self.frontier.clear()
+        self.objs.clear()
+        self.path.clear()
+
+
+def find_holders(samples: dict[Hashable, list[Any]]) -> dict[Hashable, str | None]:
+    """Per group, the name of what keeps one of its ``samples`` alive, or None. The caller's
+    lists are only read; it drops them (and every other reference to the samples) after."""
+    search = _Search(samples)
+    try:
+        search.run()
+        out: dict[Hashable, str | None] = {}
+        for key in samples:
+            name = search.named.get(key)
+            if name is None:
+                # the container that grows before a variable naming one of its elements; the
+                # script's own names before a library's (Lightning's loop locals ...)
+                options = [search.others[key]] if key in search.others else []
+                try:
+                    local = _from_frames(search, key)
+                except Exception:
+                    local = None
+                if local is not None:
+                    options.append(local)
+                name = min(options)[1] if options else None
+            out[key] = name
+        return out
+    finally:
+        search.close()
+
+
+def find_holder(target: Any) -> str | None:
+    """The holder of one object (see ``find_holders``)."""
+    lst = [target]
+    try:
+        return find_holders({0: lst})[0]
+    finally:
+        lst.clear()
+
+
+def _through_container(parts: Path) -> bool:
+    """Whether a root reached with ``parts`` holds the group through a container (a list, dict,
+    set of its tensors: what grows), not one tensor in a variable or attribute of its own."""
+    return any(kind == "item" for kind, _ in parts)
+
+
+# -- one referrer ----------------------------------------------------------------------------------
+
+_SEQUENCES = (list, tuple, deque)
+_DEAD_ENDS = (types.CodeType, types.ModuleType, types.GeneratorType, types.CoroutineType,
+              types.AsyncGeneratorType, types.BuiltinFunctionType)
+
+
+Link = tuple[int, str, Any]  # child id, "name" or "walk", the full name or the path from the referrer
+
+
+def _links(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    """How ``r`` refers to objects of the frontier: (child id, "name", full name) when ``r`` is
+    a named root, (child id, "walk", path from ``r``) to keep walking up from ``r``."""
+    tr = type(r)
+    path = s.path
+    if issubclass(tr, dict):  # OrderedDict (module hooks), defaultdict ... too
+        mname = s.modules.get(id(r)) if tr is dict else None
+        out: list[Link] = []
+        for k, v in list(dict.items(r)):
+            vid = id(v)
+            if vid not in fids:
+                continue
+            parts = path[vid][0]
+            if mname is not None and isinstance(k, str):
+                out.append((vid, "name", f"{mname}.{k}{render(parts)}"))
+            elif not parts:  # the dict holds the sample: the dict is the container
+                out.append((vid, "walk", (("item", k if isinstance(k, str) else None),)))
+            else:
+                out.append((vid, "walk", (("key", k),) + parts))
+        return out
+    if issubclass(tr, _SEQUENCES):  # namedtuples and list subclasses too
+        base = next(b for b in _SEQUENCES if issubclass(tr, b))
+        vals = list(base.__iter__(r))
+        out = []
+        done: set[int] = set()
+        for i in compress(range(len(vals)), map(fids.__contains__, map(id, vals))):
+            v = vals[i]
+            if id(v) in done:
+                continue
+            done.add(id(v))
+            parts = path[id(v)][0]
+            # a list or deque holding the samples is the container; a tuple keeps its index
+            part = ("item", None) if not parts and base is not tuple else ("index", i)
+            out.append((id(v), "walk", (part,) + parts))
+        vals.clear()
+        return out
+    if tr is set or tr is frozenset:
+        return [(id(v), "walk", (("item", None),) + path[id(v)][0]) for v in r if id(v) in fids]
+    if tr is types.CellType:
+        try:
+            v = r.cell_contents
+        except ValueError:
+            return []
+        return [(id(v), "walk", path[id(v)][0])] if id(v) in fids else []
+    if tr is types.FunctionType:
+        return _function(r, fids, s)
+    if tr is types.MethodType:
+        v = r.__self__
+        return [(id(v), "walk", (("attr", "__self__"),) + path[id(v)][0])] if id(v) in fids else []
+    if isinstance(r, type):
+        return _class(r, fids, s)
+    if isinstance(r, functools.partial):
+        out = []
+        for attr in ("func", "args", "keywords"):
+            v = getattr(r, attr, None)
+            if v is not None and id(v) in fids:
+                out.append((id(v), "walk", (("attr", attr),) + _as_key(path[id(v)][0])))
+        return out
+    if tr in _DEAD_ENDS or issubclass(tr, _tensor_base()):
+        return []
+    return _instance(r, fids, s)
+
+
+def _function(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    name = f"{getattr(r, '__module__', None) or '?'}.{r.__qualname__}"
+    if name.startswith("__mp_main__."):
+        name = "__main__." + name[len("__mp_main__."):]
+    out: list[Link] = []
+    defaults, kwdefaults, closure = r.__defaults__, r.__kwdefaults__, r.__closure__
+    d = r.__dict__ if hasattr(r, "__dict__") else None
+    for cid in fids:
+        child = s.objs.get(cid)
+        if child is None:
+            continue
+        parts = s.path[cid][0]
+        if defaults is not None and child is defaults:
+            out.append((cid, "name", f"{name}.__defaults__{render(parts)}"))
+        elif kwdefaults is not None and child is kwdefaults:
+            out.append((cid, "name", f"{name}.__kwdefaults__{render(_as_key(parts))}"))
+        elif closure is not None and child is closure and parts and parts[0][0] == "index":
+            i = parts[0][1]
+            free = r.__code__.co_freevars
+            var = free[i] if i < len(free) else str(i)
+            out.append((cid, "name", f"{name}.<closure {var}>{render(parts[1:])}"))
+        elif d is not None and child is d:
+            out.append((cid, "name", f"{name}{render(_as_attrs(parts))}"))
+    return out
+
+
+_MISSING = object()
+
+
+def _class(r: type, fids: set[int], s: _Search) -> list[Link]:
+    """A class, reached through its attribute dict: a class attribute."""
+    try:
+        d = type.__dict__["__dict__"].__get__(r)  # mappingproxy over the dict we came up through
+    except Exception:
+        return []
+    out: list[Link] = []
+    for cid in fids:
+        child = s.objs.get(cid)
+        parts = s.path[cid][0]
+        if type(child) is not dict or not parts or parts[0][0] not in ("key", "item"):
+            continue
+        k = parts[0][1]
+        if isinstance(k, str) and child.get(k, _MISSING) is not _MISSING \
+                and d.get(k, _MISSING) is child.get(k):
+            module = getattr(r, "__module__", "?")
+            module = "__main__" if module == "__mp_main__" else module
+            out.append((cid, "name", f"{module}.{r.__qualname__}{render(_as_attrs(parts))}"))
+    return out
+
+
+def _instance(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    out: list[Link] = []
+    try:
+        d = object.__getattribute__(r, "__dict__")
+    except Exception:
+        d = None
+    if type(d) is dict:
+        if id(d) in fids:  # came up through the instance's __dict__: its keys are attributes
+            out.append((id(d), "walk", _as_attrs(s.path[id(d)][0])))
+        else:
+            for k, v in list(d.items()):
+                if id(v) in fids and isinstance(k, str):  # values stored inline in the instance
+                    out.append((id(v), "walk", _as_attrs((("item" if not s.path[id(v)][0] else "key", k),)
+                                                         + s.path[id(v)][0])))
+    for cls in type(r).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            try:
+                v = object.__getattribute__(r, name)
+            except Exception:
+                continue
+            if id(v) in fids:
+                out.append((id(v), "walk", (("attr", name),) + s.path[id(v)][0]))
+    return out
+
+
+_TENSOR_BASE: type | None = None
+
+
+def _tensor_base() -> type:
+    global _TENSOR_BASE
+    if _TENSOR_BASE is None:
+        import torch
+
+        _TENSOR_BASE = torch._C.TensorBase
+    return _TENSOR_BASE
+
+
+# -- frames --------------------------------------------------------------------------------------
+
+_CO_OPTIMIZED = 0x0001  # a function's frame: f_locals is a snapshot, not the namespace
+
+
+def _frame_locals(frame: Any) -> list[tuple[str, Any]]:
+    """A frame's local variables. Before Python 3.13, ``frame.f_locals`` of a function frame is
+    a dict snapshot stored on the frame: it would keep every local it saw alive (a tensor the
+    script deletes afterwards) until something refreshes it. It is emptied right after reading.
+    That is safe: whatever writes a snapshot back to the frame (a tracer's return, a debugger)
+    refreshes it from the frame first; a snapshot the script holds itself (``locals()``) is left
+    alone. Module and class frames' f_locals is their namespace: read only."""
+    d = frame.f_locals
+    items = list(d.items())
+    # 3 references: the frame's, ``d`` and getrefcount's argument. More: the script holds
+    # that very dict (``l = locals()``): emptying it would change what the script sees.
+    if sys.version_info < (3, 13) and frame.f_code.co_flags & _CO_OPTIMIZED and type(d) is dict \
+            and d is not frame.f_globals and sys.getrefcount(d) <= 3:
+        d.clear()
+    return items
+
+
+def clear_frame_snapshots() -> int:
+    """Empty the ``f_locals`` snapshots (Python < 3.13) left on the calling thread's function
+    frames by whoever read them (a line tracer reading ``frame.f_locals``): each keeps the locals
+    it saw alive, a stale tensor of some step for as long as the function runs. Same rules as
+    ``_frame_locals``; returns how many frames were looked at."""
+    if sys.version_info >= (3, 13):
+        return 0
+    n = 0
+    try:
+        frame: Any = sys._getframe(1)
+    except Exception:
+        return 0
+    try:
+        while frame is not None:
+            if frame.f_code.co_flags & _CO_OPTIMIZED:
+                try:
+                    _frame_locals(frame).clear()
+                except Exception:
+                    pass
+                n += 1
+            frame = frame.f_back
+        return n
+    finally:
+        del frame
+
+
+def _user_frame(module: str, filename: str) -> int:
+    """0: the script's own code; 1: a library's (Lightning's loop ...); 2: memscope or torch."""
+    if module.startswith(("memscope", "torch")):
+        return 2
+    if module == "__main__" or "site-packages" not in filename:
+        return 0
+    return 1
+
+
+def _from_frames(s: _Search, key: Hashable) -> tuple[tuple[int, int, int], str] | None:
+    """A local variable of the calling thread's frames (outside memscope and torch) that holds
+    an object of ``key``'s paths, ``module.function.<locals>.name``, with its rank: (through a
+    container or not, library frame or the script's, 1)."""
+    best: tuple[tuple[int, int, int], str] | None = None
+    try:
+        frame: Any = sys._getframe(1)
+    except Exception:
+        return None
+    try:
+        while frame is not None:
+            module = frame.f_globals.get("__name__", "")
+            kind = _user_frame(module if isinstance(module, str) else "", frame.f_code.co_filename)
+            if kind < 2:
+                try:
+                    local_items = _frame_locals(frame)
+                except Exception:
+                    local_items = []
+                for name, v in local_items:
+                    entry = s.path.get(id(v))
+                    if entry is None or entry[1] != key or s.objs.get(id(v)) is not v:
+                        continue
+                    rank = (0 if _through_container(entry[0]) else 1, kind, 1)
+                    if best is None or rank < best[0]:
+                        code = frame.f_code
+                        qual = getattr(code, "co_qualname", code.co_name)
+                        mod = "__main__" if module == "__mp_main__" else module
+                        where = f"{mod}.{qual}.<locals>.{name}" if qual != "<module>" else f"{mod}.{name}"
+                        best = (rank, where + render(entry[0]))
+                local_items.clear()
+                if best is not None and best[0][:2] == (0, 0):
+                    break
+            frame = frame.f_back
+        return best
+    finally:
+        del frame

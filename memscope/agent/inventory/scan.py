@@ -1,0 +1,289 @@
+"""One tensor inventory: the live tensors counted per signature, at a step boundary.
+
+Live tensors come from :class:`~memscope.agent.inventory.live.LiveTensors` (the registry, not a
+walk over every object), deduplicated by storage and counted per *signature*
+``(category, dtype, shape, device, requires_grad, grad_fn type)``. Categories, first match wins:
+``parameters`` (``nn.Parameter`` or a tensor in an optimizer's param groups), ``gradients``
+(their ``.grad``), ``optimizer_state`` (tensors in ``opt.state``), ``activations`` (has a
+``grad_fn``), ``other``. Autograd graphs kept alive by a tensor add its group's ``graph_bytes``
+(saved tensors) and ``graph_nodes`` (see :mod:`~memscope.agent.inventory.graph`).
+
+For each signature in ``suspects`` a few of its tensors (the oldest and the newest) are handed
+to the holder search before anything else is dropped.
+
+Nothing survives the scan: tensors, lists of them and graph nodes are locals cleared on return;
+only strings and numbers leave this module.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from memscope.agent.inventory.graph import GraphWalker
+from memscope.agent.inventory.holders import find_holders
+from memscope.agent.inventory.live import LiveTensors
+
+MAX_GROUPS = 2000  # groups written per inventory (largest first)
+SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
+
+Signature = tuple[str, str, str, str, int, str | None]  # category, dtype, shape, device, rg, grad_fn
+
+
+@dataclass
+class Group:
+    count: int = 0
+    bytes: int = 0
+    graph_bytes: int = 0
+    graph_nodes: int = 0
+
+
+@dataclass
+class Inventory:
+    groups: dict[Signature, Group] = field(default_factory=dict)
+    tensors: int = 0
+    bytes: int = 0
+    graph_bytes: int = 0
+    graph_nodes: int = 0
+    duration_s: float = 0.0
+    search_s: float = 0.0  # of which the holder search (suspects only)
+    cpu_s: float = 0.0  # the training thread's CPU time for it, holder search excepted
+    search_cpu_s: float = 0.0
+    truncated: bool = False
+    full: bool = False  # the tensors came from a walk over every object (else the registry)
+    holders: dict[Signature, str | None] = field(default_factory=dict)
+
+
+def _text_signature(raw: tuple[Any, ...]) -> Signature:
+    category, dtype, shape, device, rg, fn = raw
+    return (category, str(dtype).replace("torch.", ""), json.dumps(list(shape)), str(device),
+            int(bool(rg)), fn.__name__ if fn is not None else None)
+
+
+def signature(category: str, t: Any) -> Signature:
+    fn = t.grad_fn
+    return _text_signature((category, t.dtype, t.shape, t.device, t.requires_grad,
+                            type(fn) if fn is not None else None))
+
+
+def _storage(t: Any) -> tuple[int, int] | None:
+    """(storage address, storage bytes) of a tensor with storage, else None. The address alone
+    names a storage: host and CUDA devices share one virtual address space (UVA)."""
+    try:
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if not ptr:  # meta, empty
+            return None
+        return ptr, int(s.nbytes())
+    except Exception:  # sparse, wrapper subclasses, fake tensors, freed storages
+        return None
+
+
+class _Counter:
+    """Groups keyed by torch-level signatures (cheap to hash); text once per group."""
+
+    def __init__(self, suspects: set[Signature] | frozenset[Signature]) -> None:
+        self.groups: dict[tuple[Any, ...], Group] = {}
+        self.suspects = suspects
+        self.samples: dict[tuple[Any, ...], list[Any]] = {}
+
+    def count(self, category: str, t: Any, nbytes: int, fn: Any) -> Group:
+        raw = (category, t.dtype, t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
+        g = self.groups.get(raw)
+        if g is None:
+            g = self.groups[raw] = Group()
+            if self.suspects and _text_signature(raw) in self.suspects:
+                self.samples[raw] = []
+        g.count += 1
+        g.bytes += nbytes
+        if self.samples:
+            lst = self.samples.get(raw)
+            if lst is not None:
+                lst.append(t)
+        return g
+
+
+def _from_optimizers(optimizers: Iterable[Any]) -> list[tuple[str, Any]]:
+    """Parameters, their gradients and optimizer state, straight from the optimizers (a .grad
+    need not have a Python object of its own, so the registry alone can miss it)."""
+    params: list[Any] = []
+    state: list[Any] = []
+    for opt in list(optimizers):
+        for group in list(getattr(opt, "param_groups", [])):
+            params.extend(p for p in group.get("params", []) if isinstance(p, torch.Tensor))
+        for st in list(getattr(opt, "state", {}).values()):
+            if isinstance(st, dict):
+                state.extend(v for v in list(st.values()) if isinstance(v, torch.Tensor))
+    out = [("parameters", p) for p in params]
+    out.extend(("gradients", p.grad) for p in params if p.grad is not None)
+    out.extend(("optimizer_state", v) for v in state)
+    params.clear()
+    state.clear()
+    return out
+
+
+def take_inventory(live: LiveTensors | None, optimizers: Iterable[Any],
+                   suspects: set[Signature] | frozenset[Signature] = frozenset(),
+                   walk_graphs: bool = True) -> Inventory:
+    """Scan the live tensors (``live=None``: a one-off registry, i.e. a full walk). For each
+    signature in ``suspects``, also look for who holds one of its tensors (``Inventory.holders``)."""
+    t0 = time.perf_counter()
+    c0 = time.thread_time()
+    # The scan makes a tuple or two per tensor: with the collector on, that many allocations
+    # trigger collections that traverse the whole process (half the cost at 100k tensors).
+    # Collections wait until the scan is over (re-enabled in the finally below).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        inv = _take(live, optimizers, suspects, walk_graphs, t0)
+        inv.cpu_s = max(time.thread_time() - c0 - inv.search_cpu_s, 0.0)
+        return inv
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _take(live: LiveTensors | None, optimizers: Iterable[Any],
+          suspects: set[Signature] | frozenset[Signature], walk_graphs: bool, t0: float) -> Inventory:
+    inv = Inventory()
+    if live is None:
+        live = LiveTensors()
+    counter = _Counter(suspects)
+    seen: set[int] = set()
+    rows: list[tuple[int, int, Any, Any]] = []  # storage address, bytes, tensor, grad_fn
+    known = _from_optimizers(optimizers)
+    tensors = live.tensors()
+    inv.full = live.last_full
+    param_type = torch.nn.Parameter
+    picked: dict[Signature, list[Any]] = {}
+    s: Any = None
+    try:
+        for category, t in known:
+            st = _storage(t)
+            if st is None or st[0] in seen:
+                continue
+            try:
+                counter.count(category, t, st[1], t.grad_fn)
+            except Exception:
+                continue
+            seen.add(st[0])
+        known.clear()
+        fixed = set(seen)  # parameters, gradients, optimizer state: never charged to a graph
+        append = rows.append
+        for t in tensors:  # the hot loop (every live tensor): inline, about a microsecond each
+            try:
+                s = t.untyped_storage()
+                ptr = s.data_ptr()
+                if not ptr:  # meta, empty
+                    continue
+                if ptr in seen:
+                    continue
+                seen.add(ptr)
+                if type(t) is param_type:
+                    counter.count("parameters", t, int(s.nbytes()), t.grad_fn)
+                    fixed.add(ptr)
+                else:
+                    append((ptr, int(s.nbytes()), t, t.grad_fn))
+            except Exception:  # sparse, wrapper subclasses, fake tensors: not counted
+                continue
+        del s
+        tensors.clear()
+        charged, graph_keys = _walk_graphs(rows, fixed, inv) if walk_graphs else ({}, set())
+        for key, nbytes, t, fn in rows:
+            if key in graph_keys and key not in charged:
+                continue  # saved by a live graph: in its root's graph_bytes
+            try:
+                g = counter.count("other" if fn is None else "activations", t, nbytes, fn)
+            except Exception:
+                continue
+            extra = charged.get(key)
+            if extra:
+                g.graph_bytes += extra[0]
+                g.graph_nodes += extra[1]
+                inv.graph_bytes += extra[0]
+                inv.graph_nodes += extra[1]
+        rows.clear()
+        picked = {_text_signature(raw): _pick(lst) for raw, lst in counter.samples.items()}
+        counter.samples.clear()
+        for raw, g in counter.groups.items():
+            sig = _text_signature(raw)
+            prev = inv.groups.get(sig)
+            if prev is None:
+                inv.groups[sig] = g
+            else:  # two torch-level signatures with one text (shouldn't happen): merge
+                prev.count += g.count
+                prev.bytes += g.bytes
+                prev.graph_bytes += g.graph_bytes
+                prev.graph_nodes += g.graph_nodes
+        counter.groups.clear()
+    finally:
+        tensors.clear()
+        rows.clear()
+        known.clear()
+        counter.samples.clear()
+    inv.tensors = sum(g.count for g in inv.groups.values())
+    inv.bytes = sum(g.bytes for g in inv.groups.values())
+    for sig in suspects:
+        inv.holders[sig] = None
+    if picked:
+        t_search = time.perf_counter()
+        c_search = time.thread_time()
+        try:
+            inv.holders.update(find_holders(picked))  # type: ignore[arg-type]
+            inv.search_s = time.perf_counter() - t_search
+            inv.search_cpu_s = time.thread_time() - c_search
+        finally:
+            for lst in picked.values():
+                lst.clear()
+            picked.clear()
+    if len(inv.groups) > MAX_GROUPS:
+        keep = sorted(inv.groups.items(), key=lambda kv: -(kv[1].bytes + kv[1].graph_bytes))[:MAX_GROUPS]
+        inv.groups = dict(keep)
+        inv.truncated = True
+    inv.duration_s = time.perf_counter() - t0
+    return inv
+
+
+def _pick(lst: list[Any]) -> list[Any]:
+    """The oldest and the newest few (registry order: a leaked one is likely among the oldest,
+    the newest shows the container that is still growing)."""
+    half = SAMPLES_PER_SUSPECT // 2
+    picked = lst[:half] + lst[-half:] if len(lst) > SAMPLES_PER_SUSPECT else list(lst)
+    lst.clear()
+    return picked
+
+
+def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
+                 inv: Inventory) -> tuple[dict[int, tuple[int, int]], set[int]]:
+    """Saved bytes and nodes per root storage; storages saved by some graph. Outermost roots
+    (grad_fns no other live graph reaches) are walked first."""
+    roots = [(key, fn) for key, _, _, fn in rows if fn is not None]
+    if not roots:
+        return {}, set()
+    walker = GraphWalker(fixed)
+    try:
+        inner = walker.inner([fn for _, fn in roots])
+        roots.sort(key=lambda kf: id(kf[1]) in inner)  # stable: top roots first
+        inner.clear()
+        walker.keep.clear()  # the walk below keeps what it visits itself
+        charged: dict[int, tuple[int, int]] = {}
+        for key, fn in roots:
+            if walker.truncated:
+                break
+            try:
+                b, n = walker.walk(fn, key)
+            except Exception:
+                continue
+            if b or n:
+                pb, pn = charged.get(key, (0, 0))
+                charged[key] = (pb + b, pn + n)
+        inv.truncated = inv.truncated or walker.truncated
+        return charged, set(walker.charged)
+    finally:
+        roots.clear()
+        walker.close()

@@ -1,0 +1,143 @@
+"""Growth nothing explains: the process's memory grows steadily and no tensor group accounts for it.
+
+Pure functions over ``steps`` rows (schema 5: ``end_rss``, ``end_allocated``: memory at the boundary
+that closed each step) and ``inventories`` rows. The level is CUDA allocated bytes when the run
+used CUDA (tensors live there), else host RSS (tensors, Python objects, native buffers).
+
+The level's lower envelope (at each step, the lowest level of any later step: what the process
+never gives back) over at least ``MIN_STEPS`` steps after warm-up must rise in every quarter of
+them, steadily (no quarter's rate under a third of another's: warm-up growth that levels off, or
+one jump, is not this), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all. From that rate, what the inventories saw
+tensors grow by over the same steps is subtracted; what is left, when it is at least ``MIN_RATE``
+and half the growth, is growth nothing explains: Python objects piling up (lists of dicts, numpy
+arrays), native buffers, an allocator holding on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memscope.constants import NODE_BYTES, WARMUP_STEPS
+from memscope.units import human_bytes
+
+if TYPE_CHECKING:
+    from memscope.store.reader import RunReader
+
+MIN_STEPS = 16  # steps after warm-up, for any verdict (allocator warm-up looks steady for a while)
+QUARTERS = 4
+MIN_RATE = 64 << 10  # bytes a step
+MIN_TOTAL = 1 << 20
+UNEXPLAINED_SHARE = 0.5
+
+
+@dataclass
+class UnexplainedGrowth:
+    metric: str  # "rss" (host resident memory) or "cuda_allocated"
+    bytes_per_step: int  # growth of the level's lower envelope
+    explained_bytes_per_step: int  # what tensor inventories saw grow over the same steps
+    first_step: int
+    last_step: int
+
+    @property
+    def unexplained_bytes_per_step(self) -> int:
+        return max(self.bytes_per_step - self.explained_bytes_per_step, 0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "bytes_per_step": self.bytes_per_step,
+                "explained_bytes_per_step": self.explained_bytes_per_step,
+                "unexplained_bytes_per_step": self.unexplained_bytes_per_step,
+                "first_step": self.first_step, "last_step": self.last_step}
+
+    def how(self) -> str:
+        if self.metric == "cuda_allocated":
+            return ("CUDA memory no inventoried tensor holds: look for tensors without a Python "
+                    "object kept by C++ (hooks, autograd graphs of detached code, custom extensions) "
+                    "with torch.cuda.memory._record_memory_history and _snapshot()")
+        return ("memory outside tensors grows: Python objects or native buffers kept every step "
+                "(lists of dicts or numpy arrays, caches, logging history); compare "
+                "tracemalloc.take_snapshot() at two steps to find the line that allocates them")
+
+
+def _columns(reader: "RunReader", table: str) -> set[str]:
+    return {r["name"] for r in reader.query(f"PRAGMA table_info({table})")}
+
+
+def level_series(reader: "RunReader", proc: int) -> tuple[str, list[tuple[int, int]]]:
+    """(metric, [(step, level at its closing boundary)]) of completed steps."""
+    cols = _columns(reader, "steps")
+    if "end_rss" not in cols:
+        return "rss", []  # a run file from before schema 5
+    rows = reader.query("SELECT step, end_rss, end_allocated FROM steps WHERE proc = ? AND status = 'ok' "
+                        "ORDER BY step", (proc,))
+    if any(r["end_allocated"] is not None for r in rows):
+        return "cuda_allocated", [(int(r["step"]), int(r["end_allocated"])) for r in rows
+                                  if r["end_allocated"] is not None]
+    return "rss", [(int(r["step"]), int(r["end_rss"])) for r in rows if r["end_rss"] is not None]
+
+
+def steady_growth(levels: list[tuple[int, int]]) -> tuple[float, int, int] | None:
+    """(bytes per step, first step, last step) of a steady rise of the lower envelope, or None."""
+    pts = [p for p in levels if p[0] >= WARMUP_STEPS]
+    if len(pts) < MIN_STEPS:
+        return None
+    env = [0] * len(pts)
+    low = None
+    for i in range(len(pts) - 1, -1, -1):
+        low = pts[i][1] if low is None else min(low, pts[i][1])
+        env[i] = low
+    n = len(pts)
+    cuts = [(i * (n - 1)) // QUARTERS for i in range(QUARTERS + 1)]
+    steps = [pts[c][0] for c in cuts]
+    vals = [env[c] for c in cuts]
+    if any(b <= a for a, b in zip(vals, vals[1:])) or any(b <= a for a, b in zip(steps, steps[1:])):
+        return None
+    rates = [(vals[i + 1] - vals[i]) / (steps[i + 1] - steps[i]) for i in range(QUARTERS)]
+    if min(rates) < max(rates) / 3:
+        return None  # not steady: warm-up levelling off, a one-time jump
+    total = vals[-1] - vals[0]
+    rate = total / (steps[-1] - steps[0])
+    if rate < MIN_RATE or total < MIN_TOTAL:
+        return None
+    return rate, steps[0], steps[-1]
+
+
+def _tensor_rate(reader: "RunReader", proc: int, first: int, last: int) -> float:
+    """What the inventories saw tensors (and retained graphs) grow by per step, from the
+    inventory nearest ``first`` to the last one at or before ``last``."""
+    cols = _columns(reader, "inventories")
+    if not cols:
+        return 0.0
+    nodes = "coalesce(graph_nodes, 0)" if "graph_nodes" in cols else "0"
+    rows = reader.query(f"SELECT step, bytes + graph_bytes + {nodes} * ? AS size FROM inventories "
+                        "WHERE proc = ? AND step >= ? AND step <= ? ORDER BY step",
+                        (NODE_BYTES, proc, first, last))
+    if len(rows) < 2 or rows[-1]["step"] <= rows[0]["step"]:
+        return 0.0
+    return float((rows[-1]["size"] - rows[0]["size"]) / (rows[-1]["step"] - rows[0]["step"]))
+
+
+def unexplained_growth(reader: "RunReader", proc: int | None) -> UnexplainedGrowth | None:
+    if proc is None:
+        return None
+    metric, levels = level_series(reader, proc)
+    found = steady_growth(levels)
+    if found is None:
+        return None
+    rate, first, last = found
+    explained = max(_tensor_rate(reader, proc, first, last), 0.0)
+    left = rate - explained
+    if left < MIN_RATE or left < UNEXPLAINED_SHARE * rate:
+        return None
+    return UnexplainedGrowth(metric, int(round(rate)), int(round(explained)), first, last)
+
+
+def suggestion(u: UnexplainedGrowth, steps: int) -> dict[str, Any]:
+    """A ``fix_leak`` suggestion: what the unexplained growth accumulates over a run this long."""
+    metric = "host RSS" if u.metric == "rss" else "CUDA allocated memory"
+    return {"technique": "fix_leak",
+            "estimated_saving_bytes": int(u.unexplained_bytes_per_step * max(steps, 0)),
+            "evidence": (f"{metric} grows by {human_bytes(u.bytes_per_step)}/step from step "
+                         f"{u.first_step} to {u.last_step}; tensor inventories account for "
+                         f"{human_bytes(u.explained_bytes_per_step)}/step of it"),
+            "how": u.how()}
