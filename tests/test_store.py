@@ -169,3 +169,28 @@ def test_schema_3_file_reads_then_migrates_to_4(tmp_path: Path) -> None:
     assert conn.execute("SELECT held_by, module FROM leak_holders").fetchone() == ("__main__.x", None)
     assert [r[0] for r in conn.execute("SELECT version FROM migrations")] == list(range(4, SCHEMA_VERSION + 1))
     conn.close()
+
+
+def test_a_statement_kept_alive_elsewhere_does_not_block_the_commit(tmp_path: Path) -> None:
+    """Another thread's gc.get_objects() list can keep a cursor we dropped alive: its statement
+    would stay in progress and SQLite would refuse COMMIT (a run file lost its migration and every
+    row that way). Writing connections finish each statement at once."""
+    from memscope.store.writer import connect_rw
+
+    plain = sqlite3.connect(tmp_path / "plain.db", isolation_level=None)
+    plain.executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1), (2), (3);")
+    plain.execute("BEGIN IMMEDIATE")
+    kept = plain.execute("INSERT INTO t SELECT x + 10 FROM t RETURNING x")  # stepped once: in progress
+    with pytest.raises(sqlite3.OperationalError, match="SQL statements in progress"):
+        plain.execute("COMMIT")  # what a plain connection does (the failure being guarded)
+    del kept
+    plain.close()
+
+    conn = connect_rw(str(tmp_path / "run.db"))
+    conn.execute("BEGIN IMMEDIATE")
+    kept = conn.execute("INSERT INTO migrations (version, applied) VALUES (98, 0), (99, 0) "
+                        "RETURNING version")  # held, as a gc list would hold it
+    conn.execute("COMMIT")
+    assert [r[0] for r in kept.fetchall()] == [98, 99] and kept.fetchone() is None
+    assert conn.execute("SELECT count(*) FROM migrations WHERE version >= 98").fetchone()[0] == 2
+    conn.close()

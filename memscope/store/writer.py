@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from memscope.store.closing import ClosingConnection
 from memscope.store.schema import migrate
 
 BUSY_TIMEOUT_S = 10.0
@@ -42,7 +43,7 @@ MAX_REPORTS = 50  # recording_degraded events per run at most (one per distinct 
 def connect_rw(path: str, busy_timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open (creating if needed) a run file for writing, migrated to the current schema."""
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
-                           check_same_thread=False)
+                           check_same_thread=False, factory=ClosingConnection)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         tune(conn)
