@@ -272,6 +272,19 @@ def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     assert "stored at examples/leaks/detached_list.py:27" in text and "forward of 1" in text
     bad = memscope("leaks", str(db), "--from", "3")
     assert bad.returncode == 2 and "not an inventoried step" in bad.stderr and "Traceback" not in bad.stderr
+    # both inventoried, but backwards: refused, not shown as every growth turned into a shrink
+    bad = memscope("leaks", str(db), "--from", "8", "--to", "2")
+    assert bad.returncode == 2 and bad.stdout == "", bad.stdout
+    assert bad.stderr == "memscope: error: leaks: --from 8 is after --to 2: give the earlier step to --from\n"
+    for opt in ("--from", "--to"):
+        bad = memscope("leaks", str(db), opt, "-2")
+        assert bad.returncode == 2 and bad.stdout == ""
+        assert bad.stderr == f"memscope: error: leaks: {opt} -2: steps are numbered from 0\n"
+    bad = memscope("layers", str(db), "--step", "-1")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == "memscope: error: layers: --step -1: steps are numbered from 0\n"
+    same = memscope("leaks", str(db), "--from", "4", "--to", "4")  # one step against itself: honest
+    assert same.returncode == 0 and "change from step 4 to step 4" in same.stdout
     bad = memscope("attach", "--headless", "--db", str(tmp_path / "x.db"), "--inventory-every", "-1",
                    str(LEAKS / "detached_list.py"))
     assert bad.returncode == 2 and "inventory_every" in bad.stderr
