@@ -10,6 +10,7 @@ long a run will be, so its first 12 steps are the same as a 12-step run's).
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from conftest import EXAMPLES, ROOT, memscope, report_json
 from memscope.analysis.leaks import Leak, find_leaks, growth
 from memscope.store.schema import SCHEMA_VERSION, migrate
+from memscope.units import human_bytes
 
 LEAKS = EXAMPLES / "leaks"
 
@@ -167,6 +169,9 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
     (sug,) = fixes
     assert sug["estimated_saving_bytes"] == lk["bytes_per_step"] * report["run"]["steps"]
     assert case["held_by"] in sug["evidence"] and case["fix"] in sug["how"] and case["site"] in sug["how"]
+    # the text is for people: bytes humanised (the JSON numbers above stay numbers)
+    assert f"{human_bytes(lk['bytes_per_step'])}/step" in sug["evidence"], sug["evidence"]
+    assert not re.search(r"\d{4,}", sug["evidence"] + sug["how"]), sug
     assert report["unexplained_growth"] is None  # the tensors explain the growth
 
 
