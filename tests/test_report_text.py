@@ -37,10 +37,12 @@ def test_breakdown_line_names_its_step(tmp_path: Path, every: str | None) -> Non
     attach(db, *(["--layers-every", every] if every else []))
     peak_step = report_json(db)["peak"]["step"]
     measured = breakdown_steps(db)
-    assert peak_step is not None and measured
+    assert measured
     text = memscope("report", str(db)).stdout
     bd = line(text, "breakdown ")
-    if every:
+    if peak_step is None:  # host RSS can peak outside every step (start-up, shutdown) on a busy machine
+        assert bd.endswith(f" (measured at profiled step {measured[-1]})"), bd
+    elif every:
         assert peak_step in measured
         assert bd.endswith(f" (measured at step {peak_step}, the peak's step)"), bd
     elif peak_step == 1:  # the default profiles step 1 only
