@@ -77,6 +77,14 @@ def test_existing_file_is_refused(tmp_path: Path) -> None:
 
     db = tmp_path / "x.db"
     db.write_text("keep me")
-    with pytest.raises(RunFileError, match="--force"):
+    # the API's word for it, not the command line's
+    with pytest.raises(RunFileError, match=r"pass force=True to overwrite it") as info:
         memscope.start(str(db))
+    assert "--force" not in str(info.value)
+    with pytest.raises(RunFileError, match=r"pass force=True to overwrite it"):
+        with memscope.profile(str(db)):
+            pass
+    with pytest.raises(RunFileError, match=r"\(force=True replaces only run files") as info:
+        memscope.start(str(db), force=True)
+    assert "--force" not in str(info.value)
     assert db.read_text() == "keep me"

@@ -4,6 +4,7 @@ draws it (a screenshot, decoded by the small PNG reader below)."""
 from __future__ import annotations
 
 import html
+from html.parser import HTMLParser
 import os
 import re
 import shutil
@@ -244,3 +245,53 @@ def test_html_not_a_run_file(tmp_path: Path) -> None:
     out = memscope("report", str(bogus), "--html", str(tmp_path / "r.html"))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+class _Tables(HTMLParser):
+    """Every <table> of a page as rows of cell texts (entities decoded, as a browser shows them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.mark.parametrize("example, held_by, site, module", [
+    ("local_list", "__main__.train.<locals>.history", "examples/leaks/local_list.py:27", "(model)"),
+    ("hook_cache", "__main__.model.2.cache", "examples/leaks/hook_cache.py:16", "2"),
+])
+def test_html_leaks_table_has_site_and_module(tmp_path: Path, example: str, held_by: str, site: str,
+                                              module: str) -> None:
+    """The leaks table says where the leaked tensors were stored and which module's forward made
+    them, as `memscope leaks` does; a holder's <locals> is text on the page, not a tag."""
+    db = tmp_path / "run.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "leaks" / f"{example}.py"),
+                   "--steps", "16")
+    assert out.returncode == 0, out.stderr
+    text = write_html(db, tmp_path)[0].read_text()
+    assert "<locals>" not in text  # escaped wherever it appears
+    parser = _Tables()
+    parser.feed(text)
+    (leaks,) = [t for t in parser.tables if t and "held by" in t[0]]
+    head, *rows = leaks
+    assert head == ["group", "per step", "tensors/step", "steps", "held by", "site", "module", "fix"]
+    (row,) = rows
+    cells = dict(zip(head, row))
+    assert (cells["held by"], cells["site"], cells["module"]) == (held_by, site, module)

@@ -10,6 +10,7 @@ long a run will be, so its first 12 steps are the same as a 12-step run's).
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from conftest import EXAMPLES, ROOT, memscope, report_json
 from memscope.analysis.leaks import Leak, find_leaks, growth
 from memscope.store.schema import SCHEMA_VERSION, migrate
+from memscope.units import human_bytes
 
 LEAKS = EXAMPLES / "leaks"
 
@@ -167,6 +169,9 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
     (sug,) = fixes
     assert sug["estimated_saving_bytes"] == lk["bytes_per_step"] * report["run"]["steps"]
     assert case["held_by"] in sug["evidence"] and case["fix"] in sug["how"] and case["site"] in sug["how"]
+    # the text is for people: bytes humanised (the JSON numbers above stay numbers)
+    assert f"{human_bytes(lk['bytes_per_step'])}/step" in sug["evidence"], sug["evidence"]
+    assert not re.search(r"\d{4,}", sug["evidence"] + sug["how"]), sug
     assert report["unexplained_growth"] is None  # the tensors explain the growth
 
 
@@ -272,6 +277,19 @@ def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     assert "stored at examples/leaks/detached_list.py:27" in text and "forward of 1" in text
     bad = memscope("leaks", str(db), "--from", "3")
     assert bad.returncode == 2 and "not an inventoried step" in bad.stderr and "Traceback" not in bad.stderr
+    # both inventoried, but backwards: refused, not shown as every growth turned into a shrink
+    bad = memscope("leaks", str(db), "--from", "8", "--to", "2")
+    assert bad.returncode == 2 and bad.stdout == "", bad.stdout
+    assert bad.stderr == "memscope: error: leaks: --from 8 is after --to 2: give the earlier step to --from\n"
+    for opt in ("--from", "--to"):
+        bad = memscope("leaks", str(db), opt, "-2")
+        assert bad.returncode == 2 and bad.stdout == ""
+        assert bad.stderr == f"memscope: error: leaks: {opt} -2: steps are numbered from 0\n"
+    bad = memscope("layers", str(db), "--step", "-1")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == "memscope: error: layers: --step -1: steps are numbered from 0\n"
+    same = memscope("leaks", str(db), "--from", "4", "--to", "4")  # one step against itself: honest
+    assert same.returncode == 0 and "change from step 4 to step 4" in same.stdout
     bad = memscope("attach", "--headless", "--db", str(tmp_path / "x.db"), "--inventory-every", "-1",
                    str(LEAKS / "detached_list.py"))
     assert bad.returncode == 2 and "inventory_every" in bad.stderr

@@ -3,7 +3,9 @@ under its own ``memscope attach --db nodeK.db``, combined into one run file."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -143,3 +145,87 @@ def test_bad_inputs_are_refused_in_one_line(nodes: tuple[Path, Path], tmp_path: 
     res = memscope("merge", str(n0), str(n0), str(n1), "--force")
     assert res.returncode == 2 and "is also an input" in res.stderr
     assert report_json(n0)["run"]["steps"] == 4  # untouched
+
+
+def _argv(db: Path) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        return list(json.loads(conn.execute("SELECT argv FROM processes").fetchone()[0]))
+
+
+def _edited_copy(src: Path, dst: Path, *sql: str) -> Path:
+    """A copy of a real node file with one fact changed, as another job's file would have it."""
+    shutil.copy(src, dst)
+    with sqlite3.connect(dst) as conn:
+        for statement in sql:
+            conn.execute(statement)
+    return dst
+
+
+def test_unrelated_runs_are_refused_by_default(nodes: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two single-process runs of different scripts are not a 2-rank run; nor are node files of
+    another world size, another program, or another time. Each: one line, exit 2, nothing written."""
+    n0, n1 = nodes
+    out = tmp_path / "m.db"
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    for db, args in ((a, ["--steps", "3"]), (b, ["--steps", "4", "--mode", "backward"])):
+        res = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "loop.py"), *args)
+        assert res.returncode == 0, res.stderr
+
+    def refused(*inputs: Path, says: str) -> None:
+        res = memscope("merge", str(out), *map(str, inputs))
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.startswith("memscope: error: merge: ") and says in res.stderr, res.stderr
+        assert "not the nodes of one job (--allow-unrelated merges them anyway)" in res.stderr
+        assert res.stdout == "" and not out.exists()
+
+    refused(a, b, says=f"{a} has no ranked process")
+    refused(n0, a, says=f"{a} has no ranked process")  # a rank beside a plain run: still no
+    four = _edited_copy(n1, tmp_path / "four.db", "UPDATE processes SET world_size = 4")
+    refused(n0, four, says=f"different world sizes ({n0}: 2, {four}: 4)")
+    argv = _argv(n1)
+    assert argv[0].endswith("ddp.py") and "--steps" in argv
+    other = _edited_copy(n1, tmp_path / "other.db", "UPDATE processes SET argv = '%s'"
+                         % json.dumps(["other.py", *argv[1:]]))
+    refused(n0, other, says=f"{n0} and {other} ran different commands "
+                            f"({shlex.join(argv)} vs {shlex.join(['other.py', *argv[1:]])})")
+    later = _edited_copy(n1, tmp_path / "later.db", "UPDATE run SET started = started + 3600, "
+                         "ended = ended + 3600", "UPDATE processes SET started = started + 3600, "
+                         "ended = ended + 3600")
+    refused(n0, later, says=f"{later} started 35")  # ~3590 s after node0 ended
+    refused(n0, later, says="did not overlap in time")
+    # the override merges what a user says belongs together; a rank in two files never
+    res = memscope("merge", str(out), str(a), str(b), "--allow-unrelated")
+    assert res.returncode == 0, res.stderr
+    assert "2 processes from 2 run files" in res.stdout
+    assert report_json(out)["run"]["status"] == "finished"
+    twin = tmp_path / "twin.db"
+    shutil.copy(n0, twin)
+    res = memscope("merge", str(tmp_path / "t.db"), str(n0), str(twin), "--allow-unrelated")
+    assert res.returncode == 2 and "rank 0 is in both" in res.stderr
+
+
+def test_ranks_of_one_job_merge_with_what_is_missing_said(nodes: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    n0, n1 = nodes
+    # one node of two: merged, and the missing rank is named
+    res = memscope("merge", str(tmp_path / "half.db"), str(n1))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "memscope: note: ranks not in the inputs: 0\n"
+    # a node whose clock runs a few seconds ahead is still the same job
+    ahead = _edited_copy(n1, tmp_path / "ahead.db", "UPDATE run SET started = started + 5, ended = ended + 5")
+    # a legacy launcher's per-rank --local-rank argument is not a different command
+    argv = _argv(n0)
+    legacy = _edited_copy(n0, tmp_path / "legacy.db", "UPDATE processes SET argv = '%s'"
+                          % json.dumps([argv[0], "--local-rank=0", *argv[1:]]))
+    res = memscope("merge", str(tmp_path / "all.db"), str(legacy), str(ahead))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+    assert [r["rank"] for r in report_json(tmp_path / "all.db")["ranks"]] == [0, 1]
+
+
+def test_missing_ranks_are_said_as_ranges() -> None:
+    from memscope.cli.merge import _ranges
+
+    assert _ranges([0]) == "0"
+    assert _ranges([2, 3, 4, 7, 9, 10]) == "2-4, 7, 9-10"

@@ -28,7 +28,7 @@ def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
             return _agent
         opts = AgentOptions.from_mapping(options)
         path = db or default_db_path(sys.argv)
-        prepare_path(path, force)
+        prepare_path(path, force, force_word="force=True")
         create_run(path, [sys.executable, *sys.argv])
         _agent = Agent(path, opts, owns_run=True)
         _agent.start()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from memscope.constants import NODE_BYTES, WARMUP_STEPS
+from memscope.units import human_bytes
 
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
@@ -362,10 +363,10 @@ def suggestions(leaks: Sequence[Leak], steps: int) -> list[dict[str, Any]]:
     out = []
     for lk in leaks:
         if lk.kind == "graph":
-            grows = (f"{describe(lk)}, about {lk.bytes_per_step} bytes/step (estimated at "
+            grows = (f"{describe(lk)}, about {human_bytes(lk.bytes_per_step)}/step (estimated at "
                      f"{NODE_BYTES} bytes a node)")
         else:
-            grows = (f"{describe(lk)} grows by {lk.bytes_per_step} bytes/step "
+            grows = (f"{describe(lk)} grows by {human_bytes(lk.bytes_per_step)}/step "
                      f"({lk.tensors_per_step:g} tensors/step)")
         out.append({
             "technique": "fix_leak",

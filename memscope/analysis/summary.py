@@ -16,6 +16,7 @@ from memscope.analysis.workers import WorkerGrowth, worker_growth
 from memscope.analysis.ranks import RankSummary, rank_summaries
 from memscope.analysis.hotspots import Hotspot, breakdown_at, choose_step, hotspots, layer_rows, profiled_steps
 from memscope.store.reader import RunReader
+from memscope.units import human_bytes
 
 
 @dataclass
@@ -159,7 +160,7 @@ def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:
                      "(its supervisor and training were killed, or the end could not be written)")
     wal = reader.wal_pending()
     if wal and run.get("status") != "running":  # a live run's -wal is the writer's business
-        notes.append(f"{reader.path}-wal ({wal} bytes) belongs to this run file: copy or move "
+        notes.append(f"{reader.path}-wal ({human_bytes(wal)}) belongs to this run file: copy or move "
                      "both together")
     return notes
 

@@ -26,6 +26,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 1:
         raise CliError("layers: --depth must be at least 1")
+    if args.step is not None and args.step < 0:
+        raise CliError(f"layers: --step {args.step}: steps are numbered from 0")
     with RunReader(args.db) as reader:
         summary = summarize(reader)
         proc = summary.main_proc

@@ -29,6 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_range(args.from_step, args.to_step)
     with RunReader(args.db) as reader:
         s = summarize(reader)
         proc = s.main_proc
@@ -53,6 +54,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(a, b, steps, changes, s))
     return 0
+
+
+def check_range(a: int | None, b: int | None) -> None:
+    """Refuse a step range that cannot be meant: steps are numbered from 0, and a diff runs
+    forward in time (a reversed range would show every growth as a shrink)."""
+    for name, st in (("--from", a), ("--to", b)):
+        if st is not None and st < 0:
+            raise CliError(f"leaks: {name} {st}: steps are numbered from 0")
+    if a is not None and b is not None and a > b:
+        raise CliError(f"leaks: --from {a} is after --to {b}: give the earlier step to --from")
 
 
 def _diff_json(d: GroupDiff) -> dict[str, Any]:

@@ -259,9 +259,10 @@ def _leaks(s: RunSummary) -> str:
     if s.leaks:
         rows = [[esc(describe(lk)), esc(("~" if lk.kind == "graph" else "") + human_bytes(lk.bytes_per_step)),
                  esc(f"{lk.tensors_per_step:g}"), esc(f"{lk.first_step}–{lk.last_step}"),
-                 esc(lk.held_by), esc(lk.site), esc(fix_how(lk))] for lk in s.leaks]
-        parts.append(_table(["group", "per step", "tensors/step", "steps", "held by", "stored at", "fix"],
-                            rows, {1, 2}))
+                 esc(lk.held_by), esc(lk.site), esc(_leak_module(lk.module)), esc(fix_how(lk))]
+                for lk in s.leaks]
+        parts.append(_table(["group", "per step", "tensors/step", "steps", "held by", "site", "module",
+                             "fix"], rows, {1, 2}))
     elif s.leak_check.verdict == "ok":
         parts.append(f'<p class="none">none found in {s.leak_check.inventories} inventories</p>')
     else:
@@ -280,6 +281,12 @@ def _leaks(s: RunSummary) -> str:
                      f"(USS {esc(human_bytes(w.uss_start))} → {esc(human_bytes(w.uss_end))} in "
                      f"{w.seconds:.0f} s). {esc(w.how())}</p>")
     return "".join(parts)
+
+
+def _leak_module(module: str | None) -> str | None:
+    """The module whose forward made the leaked tensors: the root as "(model)"; None: unknown
+    (made outside any module's forward, or no site was recorded)."""
+    return "(model)" if module == "" else module
 
 
 def suggestions_of(reader: RunReader, s: RunSummary) -> list[dict[str, Any]]:

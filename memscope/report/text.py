@@ -51,14 +51,8 @@ def render_summary(s: RunSummary) -> str:
                          "outside the steps (start-up, evaluation, shutdown)")
     if s.peak.breakdown:
         bd = s.peak.breakdown
-        if s.peak.breakdown_at_failure:
-            source = f" (at the OOM in step {s.peak.breakdown_step}; other: the peak minus these)"
-        elif s.peak.breakdown_step is not None and s.peak.breakdown_step != s.peak.step:
-            source = f" (measured at profiled step {s.peak.breakdown_step})"
-        else:
-            source = ""
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
-                                               for k, v in bd.items()) + source)
+                                               for k, v in bd.items()) + _breakdown_source(s))
     if s.oom is not None and s.oom.kind == "oom":
         where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
@@ -74,6 +68,20 @@ def render_summary(s: RunSummary) -> str:
     lines.extend(render_leaks(s))
     lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)
+
+
+def _breakdown_source(s: RunSummary) -> str:
+    """Which step the breakdown is from: a profiled step is not always the peak's."""
+    step, peak_step = s.peak.breakdown_step, s.peak.step
+    if s.peak.breakdown_at_failure:
+        return f" (at the OOM in step {step}; other: the peak minus these)"
+    if step is None:
+        return " (step not recorded)"
+    if step == peak_step:
+        return f" (measured at step {step}, the peak's step)"
+    if peak_step is None:
+        return f" (measured at profiled step {step})"
+    return f" (measured at profiled step {step}, not at the peak's step {peak_step})"
 
 
 def _end(s: RunSummary) -> str:

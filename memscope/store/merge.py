@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from memscope.store.merge_check import check_distinct_ranks, check_one_job
 from memscope.store.reader import RunReader
 from memscope.store.runs import prepare_path
 from memscope.store.schema import RunFileError
@@ -38,10 +39,14 @@ class MergeResult:
     processes: int
     rows: dict[str, int] = field(default_factory=dict)  # rows copied per table
     skipped_tables: list[str] = field(default_factory=list)  # tables without a proc column
+    missing_ranks: list[int] = field(default_factory=list)  # ranks of the job no input holds
 
 
-def merge_runs(out: str, inputs: Sequence[str], force: bool = False) -> MergeResult:
-    """Write ``out`` from ``inputs``; raise RunFileError (one line) for unusable input."""
+def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
+               one_job: bool = True) -> MergeResult:
+    """Write ``out`` from ``inputs``; raise RunFileError (one line) for unusable input, and
+    NotOneJob for inputs that are not the ranks of one job unless ``one_job`` is False (then
+    only a global rank held by two inputs is refused)."""
     if not inputs:
         raise RunFileError("no input run files given")
     _check_distinct(out, inputs)
@@ -51,10 +56,13 @@ def merge_runs(out: str, inputs: Sequence[str], force: bool = False) -> MergeRes
         if len(versions) > 1:
             detail = ", ".join(f"{r.path}: {r.version}" for r in readers)
             raise RunFileError(f"run files of different schema versions cannot be merged ({detail})")
-        _check_ranks(readers)
+        missing = check_one_job(readers) if one_job else []
+        check_distinct_ranks(readers)
         prepare_path(out, force)
         try:
-            return _write(out, readers)
+            result = _write(out, readers)
+            result.missing_ranks = missing
+            return result
         except BaseException:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 try:
@@ -78,20 +86,6 @@ def _check_distinct(out: str, inputs: Sequence[str]) -> None:
         if os.path.exists(out) and os.path.samefile(p, out):
             raise RunFileError(f"{out}: is also an input; write the merged run to a new file")
         seen.append(p)
-
-
-def _check_ranks(readers: list[RunReader]) -> None:
-    """Two nodes of one run never share a global rank: refuse files that are not one run."""
-    owner: dict[int, str] = {}
-    for r in readers:
-        for p in r.processes():
-            rank = p["rank"]
-            if rank is None:
-                continue
-            if rank in owner and owner[rank] != r.path:
-                raise RunFileError(f"rank {rank} is in both {owner[rank]} and {r.path}: "
-                                   "these are not the nodes of one run")
-            owner[rank] = r.path
 
 
 def _write(out: str, readers: list[RunReader]) -> MergeResult:

@@ -30,34 +30,36 @@ def is_run_file(path: str) -> bool:
             and int.from_bytes(head[68:72], "big") == APPLICATION_ID)
 
 
-def prepare_path(path: str, force: bool) -> None:
+def prepare_path(path: str, force: bool, force_word: str = "--force") -> None:
     """Make sure a new run file can be created at ``path``; raise RunFileError with why not.
 
     ``force`` replaces only what is safe to replace: a memscope run file (with its -wal/-shm)
     or an empty regular file. A symbolic link is refused, dangling or not: SQLite would write
     through it to wherever it points, and the -wal beside the link would not be the target's.
+    ``force_word`` is how the caller's user says force in the messages: the CLI's ``--force``,
+    the Python API's ``force=True``.
     """
     if os.path.islink(path):
         target = os.readlink(path)
         raise RunFileError(f"{path}: is a symbolic link (to {target}); give the file's own path")
     if os.path.isdir(path):
-        raise RunFileError(f"{path}: is a directory; give a file name with --db")
+        raise RunFileError(f"{path}: is a directory; give a file name for the run")
     if os.path.lexists(path):
         if not force:
-            raise RunFileError(f"{path}: already exists; pass --force to overwrite it")
+            raise RunFileError(f"{path}: already exists; pass {force_word} to overwrite it")
         st = os.lstat(path)
         if not stat.S_ISREG(st.st_mode):
             raise RunFileError(f"{path}: exists and is not a regular file; refusing to replace it")
         if st.st_size and not is_run_file(path):
             raise RunFileError(f"{path}: exists and is not a memscope run file; refusing to "
-                               "replace it (--force replaces only run files and empty files)")
+                               f"replace it ({force_word} replaces only run files and empty files)")
         _remove(path, ("", *_SIDE_FILES))
     else:
         orphans = [path + s for s in _SIDE_FILES if os.path.lexists(path + s)]
         if orphans:
             if not force:
                 raise RunFileError(f"{orphans[0]}: left from an earlier file named {path}; SQLite "
-                                   "would read it into the new run: remove it or pass --force")
+                                   f"would read it into the new run: remove it or pass {force_word}")
             _remove(path, _SIDE_FILES)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
