@@ -108,6 +108,25 @@ class _Root:
     prefix: str = ""
 
 
+class _Micro:
+    """One micro-batch's per-module stats (or, for ``_others``, each module's largest)."""
+
+    def __init__(self, stats: dict[tuple[int, int], ModuleStats] | None = None,
+                 no_module: ModuleStats | None = None) -> None:
+        self.stats = stats if stats is not None else {}
+        self.no_module = no_module
+
+    def keep_largest(self, other: _Micro) -> None:
+        """Keep, per module, whichever of self's and ``other``'s saved more (self's on a tie)."""
+        for key, st in other.stats.items():
+            kept = self.stats.get(key)
+            if kept is None or st.saved_bytes > kept.saved_bytes:
+                self.stats[key] = st
+        nm = other.no_module
+        if nm is not None and (self.no_module is None or nm.saved_bytes > self.no_module.saved_bytes):
+            self.no_module = nm
+
+
 @dataclass
 class _Top:
     ref: weakref.ReferenceType[Any]
@@ -160,12 +179,13 @@ class LayerProfiler:
         self._param_keys: set[tuple[int, int]] = set()
         self._stats: dict[tuple[int, int], ModuleStats] = {}  # (id(root), id(module))
         self._no_module = ModuleStats(NO_MODULE, "")
-        # micro-batches: a forward after a backward starts the next one; each module keeps its
-        # stats of the micro-batch in which it saved the most (see _fold_micro)
+        # micro-batches: a forward after a backward starts the next one; the rows are those of
+        # the micro-batch that saved the most (see _fold_micro)
         self.micro_batches = 1
         self._bw_seen = False  # a backward ran since the micro-batch in progress began
-        self._best: dict[tuple[int, int], ModuleStats] = {}
-        self._best_no_module: ModuleStats | None = None
+        self._best = _Micro()  # the finished micro-batch that saved the most so far
+        self._best_total = -1
+        self._others = _Micro()  # each module's largest in the other micro-batches
         # live saved storages: key -> [alias count, nbytes]; weakrefs keep their callbacks alive
         self._live: dict[tuple[int, int], list[int]] = {}
         self._refs: set[weakref.ReferenceType[Any]] = set()
@@ -192,8 +212,9 @@ class LayerProfiler:
         self._no_module = ModuleStats(NO_MODULE, "")
         self.micro_batches = 1
         self._bw_seen = False
-        self._best = {}
-        self._best_no_module = None
+        self._best = _Micro()
+        self._best_total = -1
+        self._others = _Micro()
         self._step_roots = set()
         self._param_keys = set()
         self._live = {}
@@ -262,10 +283,11 @@ class LayerProfiler:
             self._saved_thread = None
         self._sum_backward()
         self._fold_micro()
-        self._stats, self._best = self._best, {}
-        if self._best_no_module is not None:
-            self._no_module = self._best_no_module
-        self._best_no_module = None
+        best, others = self._best, self._others
+        self._stats = {**others.stats, **best.stats}
+        nm = best.no_module if best.no_module is not None else others.no_module
+        self._no_module = nm if nm is not None else ModuleStats(NO_MODULE, "")
+        self._best, self._others = _Micro(), _Micro()
         rows = self._resolve()
         self._stats = {}
         self._live = {}
@@ -509,17 +531,16 @@ class LayerProfiler:
         self._bw_seen = False
 
     def _fold_micro(self) -> None:
-        """End of a micro-batch: each module keeps the stats of the micro-batch in which it
-        saved the most (the earliest on a tie), so a row is one forward's saving, never a sum
-        over the micro-batches of a gradient-accumulation step."""
-        best = self._best
-        for key, st in self._stats.items():
-            kept = best.get(key)
-            if kept is None or st.saved_bytes > kept.saved_bytes:
-                best[key] = st
-        nm, kept_nm = self._no_module, self._best_no_module
-        if nm.saved_tensors and (kept_nm is None or nm.saved_bytes > kept_nm.saved_bytes):
-            self._best_no_module = nm
+        """End of a micro-batch. The rows are one micro-batch's, never a sum over those of a
+        gradient-accumulation step: the one that saved the most (the earliest on a tie), so
+        they bound the step's peak as one forward does. A module that did not run in it (a
+        second model with a backward of its own) keeps its own largest micro-batch."""
+        done = _Micro(self._stats, self._no_module if self._no_module.saved_tensors else None)
+        total = sum(st.saved_bytes for st in done.stats.values()) + self._no_module.saved_bytes
+        if total > self._best_total:
+            done, self._best = self._best, done
+            self._best_total = total
+        self._others.keep_largest(done)
         self._stats = {}
         self._no_module = ModuleStats(NO_MODULE, "")
 

@@ -6,9 +6,9 @@ backward (its children's savings are their own rows), deduplicated by storage an
 parameters.
 
 With gradient accumulation a step runs several forwards, each followed by its backward (the
-micro-batches). Since schema 7 a row is one of them, not their sum: each module's figures are
-those of the micro-batch in which it saved the most, and ``micro_batches`` says how many the
-step had. Older files' rows are sums over the step (``micro_batches`` None).
+micro-batches). Since schema 7 the rows are one of them, not their sum: the micro-batch that
+saved the most (a module that did not run in it: its own largest), and ``micro_batches`` says
+how many the step had. Older files' rows are sums over the step (``micro_batches`` None).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def micro_batch_note(count: int | None) -> str:
     """The words that say a table's figures are per micro-batch ("" without accumulation)."""
     if count is None or count <= 1:
         return ""
-    return f"per micro-batch ({count} in the step; each module's largest)"
+    return f"per micro-batch ({count} in the step; the one that saved the most)"
 
 
 def layer_rows(reader: RunReader, proc: int, step: int) -> list[dict[str, Any]]:

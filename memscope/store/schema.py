@@ -213,7 +213,7 @@ CREATE INDEX worker_samples_t ON worker_samples (proc, pid, t);
 # several forwards, each followed by its backward; a layer row is one of them, not their sum
 _V7 = """
 -- layer_stats.micro_batches: forward passes with a backward between them in the step (1 without
--- gradient accumulation); the row's figures are of the one where the module saved the most.
+-- gradient accumulation); the rows are those of the one that saved the most.
 -- NULL (files before version 7): the row is summed over the step's micro-batches
 ALTER TABLE layer_stats ADD COLUMN micro_batches INTEGER;
 """
