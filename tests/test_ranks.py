@@ -78,6 +78,8 @@ def test_the_rank_that_ran_out_of_memory_is_named(tmp_path: Path) -> None:
     assert rep["ranks"][1]["steps"] == 2
     text = memscope("report", str(db)).stdout
     assert "out of memory on rank 1 at step 2" in text
+    post = memscope("oom", str(db)).stdout
+    assert "where     rank 1, step 2, " in post, post
     assert any(ln.split()[0] == "1" and ln.rstrip().endswith("OOM") for ln in text.splitlines()
                if ln.startswith("     "))
 

@@ -280,8 +280,11 @@ def facts(r: OomReport) -> list[Fact]:
     out: list[Fact] = []
     if r.kind == "killed":
         out.append(("what", r.message))
+        on = f" on rank {r.rank}" if r.rank is not None else ""
         if r.step is not None:
-            out.append(("where", f"during step {r.step} (the step in progress at the last sample)"))
+            out.append(("where", f"during step {r.step}{on} (the step in progress at the last sample)"))
+        elif on:
+            out.append(("where", on.strip()))
         mem = f"last sample: host RSS {human_bytes(d.get('last_rss'))}"
         if d.get("host_total_bytes"):
             mem += f" of {human_bytes(d['host_total_bytes'])} on this machine"
@@ -296,6 +299,8 @@ def facts(r: OomReport) -> list[Fact]:
         return out + _tips(r)
     out.append(("what", f"out of memory: {r.message}" + (f" ({d['exception']})" if d.get("exception") else "")))
     where = f"step {r.step}" if r.step is not None else "outside any step"
+    if r.rank is not None:  # a torchrun job: which of its processes failed
+        where = f"rank {r.rank}, {where}"
     where += f", {r.phase}"
     if r.module is not None:
         mtype = f" ({d['module_type']})" if d.get("module_type") else ""

@@ -155,15 +155,17 @@ def _rank(r: RankSummary) -> str:
 
 
 def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str = "") -> str:
-    """A table of hotspots: module, type, activation bytes, share (and output bytes, forward ms)."""
+    """A table of hotspots: module, type, activation bytes, share (and output bytes, forward and
+    backward ms, calls; backward "-" where none was timed)."""
     head = ["module", "type", "activations", "share"]
     if with_details:
-        head += ["outputs", "forward ms", "calls"]
+        head += ["outputs", "forward ms", "backward ms", "calls"]
     table = [head]
     for h in spots:
         row = [h.module or "(model)", h.type or "-", human_bytes(h.activation_bytes), f"{h.share * 100:.1f}%"]
         if with_details:
-            row += [human_bytes(h.output_bytes), f"{h.forward_s * 1000:.2f}", str(h.calls)]
+            row += [human_bytes(h.output_bytes), f"{h.forward_s * 1000:.2f}",
+                    "-" if h.backward_s is None else f"{h.backward_s * 1000:.2f}", str(h.calls)]
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     out = []

@@ -87,3 +87,12 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _attach(db, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "3",
             "--heavy-rank", "1", "--heavy-mb", "64")
     return db
+
+
+@pytest.fixture(scope="session")
+def ddp_oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks under torchrun; rank 1 runs out of memory at step 2 (a real allocator failure)."""
+    db = tmp_path_factory.mktemp("tui") / "ddp-oom.db"
+    _attach(db, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "5",
+            "--oom-rank", "1", "--oom-step", "2", ok=False)
+    return db

@@ -191,6 +191,8 @@ async def test_leaks_show_the_verdict_and_the_diff(leaky_run: Path) -> None:
         await opened(pilot, app, "3")
         verdicts = text_of(app, "#verdicts")
         caption = text_of(app, "#diff-caption")
+        box = app.query_one("#diff-caption", Static).content_size
+        drawn = rendered(app, "#diff-caption", width=box.width).splitlines()
         table = app.query_one("#diff", DataTable)
         first = [str(c) for c in table.get_row_at(0)]
         rows = table.row_count
@@ -205,6 +207,7 @@ async def test_leaks_show_the_verdict_and_the_diff(leaky_run: Path) -> None:
     assert "LEAK" in verdicts and "loss_history" in verdicts and leak.held_by in verdicts.replace("\n", " ")
     assert f"+{human_bytes(leak.bytes_per_step)}/step" in verdicts
     assert f"step {inv[0]} → step {inv[-1]}" in caption
+    assert len(drawn) <= box.height and f"{inv[-1]}" in drawn[-1], (drawn, box)  # nothing cut at 80x24
     assert rows == len(expected)
     top = expected[0]
     assert first[0] == top.category and first[4] == f"{top.count_from}→{top.count_to}"
@@ -283,6 +286,18 @@ async def test_oom_post_mortem(oom_run: Path) -> None:
     assert "change    a shape bug" in body  # ~3 PB: a shape bug, says the advice
     assert status.startswith("OOM (exit 1)")
     assert label.endswith("!")
+
+
+async def test_oom_view_names_the_rank(ddp_oom_run: Path) -> None:
+    with RunReader(ddp_oom_run) as reader:
+        oom = summarize(reader).oom
+    assert oom is not None and oom.rank == 1
+    app = MemscopeApp(str(ddp_oom_run))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot, app, "6")
+        body = rendered(app, "#oom-body")
+    assert body.startswith(f"OUT OF MEMORY on rank 1 at step {oom.step}")
+    assert f"where     rank 1, step {oom.step}" in body
 
 
 async def test_no_oom_says_so(tiny_run: Path) -> None:

@@ -81,7 +81,7 @@ class LeaksView(View):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="verdicts")
-        yield Static("", id="diff-caption", classes="line")
+        yield Static("", id="diff-caption", classes="caption")  # wraps to two lines at 80 columns
         yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
@@ -95,7 +95,7 @@ class LeaksView(View):
                 "diff of inventories ", (f"step {snap.diff_from}", "bold"), " → ",
                 (f"step {snap.diff_to}", "bold"),
                 f" · {len(snap.diff)} groups changed · [ ] from, {{ }} to",
-                (f" · inventories at {_steps(snap.inventory_steps)}", "dim")))
+                (f" · inventories at {_steps(snap.inventory_steps, 6)}", "dim")))
         rows = [(f"{d.category}|{d.dtype}|{d.shape}|{d.grad_fn}|{d.device}|{i}", _cells(d))
                 for i, d in enumerate(snap.diff)
                 if matches(filter_text, d.category, d.dtype, d.shape, d.grad_fn)]
@@ -113,9 +113,10 @@ class LeaksView(View):
             self.post_message(SelectionChanged(**pair))
 
 
-def _steps(steps: list[int]) -> str:
-    shown = ", ".join(str(s) for s in steps[:8])
-    return shown + (f" … {steps[-1]}" if len(steps) > 8 else "")
+def _steps(steps: list[int], first: int) -> str:
+    """The first few inventory steps and the last (a dense cadence has dozens)."""
+    shown = ", ".join(str(s) for s in steps[:first])
+    return shown + (f" … {steps[-1]} ({len(steps)} in all)" if len(steps) > first else "")
 
 
 def _cells(d: GroupDiff) -> list[Any]:

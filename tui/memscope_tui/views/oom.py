@@ -39,6 +39,8 @@ class OomView(View):
             return
         title = Text()
         title.append("OUT OF MEMORY" if r.kind == "oom" else "KILLED", style="bold red")
+        if r.rank is not None:
+            title.append(f" on rank {r.rank}")
         title.append(f" at step {r.step if r.step is not None else '?'}")
         if r.phase:
             title.append(f", {r.phase}")
