@@ -99,3 +99,31 @@ def test_the_check_catches_a_stale_sample() -> None:
                   ["leaks     none in 12 inventories", "peak      338.07 MiB host RSS at step 27"]):
         with pytest.raises(pytest.fail.Exception):
             check(stale, output)
+
+
+@pytest.mark.slow
+def test_checkpointing_layers_sample(tmp_path: Path) -> None:
+    db = tmp_path / "ckpt.db"
+    out = memscope("attach", "--headless", "--db", str(db), "tests/compat/cases/checkpointing.py",
+                   str(tmp_path / "out.pt"))
+    assert out.returncode == 0, out.stderr
+    layers = memscope("layers", str(db))
+    assert layers.returncode == 0, layers.stderr
+    check(sample_after("$ memscope layers ckpt.db\n"), layers.stdout)
+
+
+@pytest.mark.slow
+def test_accumulation_samples(tmp_path: Path) -> None:
+    from test_layers_accumulation import SCRIPT
+
+    script = tmp_path / "accumulate.py"
+    script.write_text(SCRIPT)
+    db = tmp_path / "acc.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(script), "16,64,32,8")
+    assert out.returncode == 0, out.stderr
+    sample = sample_after("$ memscope layers acc.db\n")
+    cut = sample.index("$ memscope report acc.db")
+    layers, report = memscope("layers", str(db)), memscope("report", str(db))
+    assert layers.returncode == 0 and report.returncode == 0, layers.stderr + report.stderr
+    check(sample[:cut], layers.stdout)
+    check(sample[cut + 1:], report.stdout)

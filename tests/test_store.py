@@ -194,3 +194,42 @@ def test_a_statement_kept_alive_elsewhere_does_not_block_the_commit(tmp_path: Pa
     assert [r[0] for r in kept.fetchall()] == [98, 99] and kept.fetchone() is None
     assert conn.execute("SELECT count(*) FROM migrations WHERE version >= 98").fetchone()[0] == 2
     conn.close()
+
+
+def test_schema_6_layer_rows_read_as_step_sums_then_migrate_to_7(tmp_path: Path) -> None:
+    """Before schema 7 a layer row is summed over the step's micro-batches: read as it is, the
+    readers say nothing about micro-batches (null), and the migration adds the column as NULL."""
+    import json
+    import subprocess
+    import sys
+
+    from memscope.store import schema
+
+    db = tmp_path / "v6.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    for target in range(6):
+        for st in schema._split_statements(schema.MIGRATIONS[target]):
+            conn.execute(st)
+    conn.execute("PRAGMA user_version = 6")
+    conn.execute("INSERT INTO run (id, command, started, ended, status) VALUES (1, '[]', 0, 2, 'finished')")
+    conn.execute("INSERT INTO processes (id, pid, started, status) VALUES (1, 1, 0, 'stopped')")
+    conn.execute("INSERT INTO steps (proc, step, start, end, peak_rss) VALUES (1, 0, 0, 1, 1000)")
+    conn.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, saved_tensors,"
+                 " output_bytes, forward_s) VALUES (1, 0, 'fc', 'Linear', 4, 16384, 4, 2048, 0.002)")
+
+    def cli(*args: str) -> dict[str, object]:
+        out = subprocess.run([sys.executable, "-m", "memscope", *args, str(db), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout))
+
+    layers = cli("layers")
+    assert layers["micro_batches"] is None and layers["modules"][0]["activation_bytes"] == 16384  # type: ignore[index]
+    report = cli("report")
+    assert report["hotspots_micro_batches"] is None and report["hotspots_step"] == 0
+    migrate(conn, str(db))
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 7
+    assert conn.execute("SELECT saved_bytes, micro_batches FROM layer_stats").fetchone() == (16384, None)
+    assert [r[0] for r in conn.execute("SELECT version FROM migrations")] == list(range(7, SCHEMA_VERSION + 1))
+    conn.close()

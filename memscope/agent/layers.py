@@ -68,6 +68,12 @@ from typing import Any, Callable
 import torch
 from torch.nn.modules import module as _nn_module
 
+from memscope.agent.checkpoint_regions import (
+    NON_REENTRANT,
+    REENTRANT,
+    non_reentrant_region,
+    reentrant_region,
+)
 from memscope.agent.compiled import (
     CompileWatch,
     is_compiler_module,
@@ -100,6 +106,25 @@ class _Root:
     ref: weakref.ReferenceType[Any]  # a module called with an empty stack
     top: weakref.ReferenceType[Any] | None = None  # its outermost container, once resolved
     prefix: str = ""
+
+
+class _Micro:
+    """One micro-batch's per-module stats (or, for ``_others``, each module's largest)."""
+
+    def __init__(self, stats: dict[tuple[int, int], ModuleStats] | None = None,
+                 no_module: ModuleStats | None = None) -> None:
+        self.stats = stats if stats is not None else {}
+        self.no_module = no_module
+
+    def keep_largest(self, other: _Micro) -> None:
+        """Keep, per module, whichever of self's and ``other``'s saved more (self's on a tie)."""
+        for key, st in other.stats.items():
+            kept = self.stats.get(key)
+            if kept is None or st.saved_bytes > kept.saved_bytes:
+                self.stats[key] = st
+        nm = other.no_module
+        if nm is not None and (self.no_module is None or nm.saved_bytes > self.no_module.saved_bytes):
+            self.no_module = nm
 
 
 @dataclass
@@ -154,6 +179,13 @@ class LayerProfiler:
         self._param_keys: set[tuple[int, int]] = set()
         self._stats: dict[tuple[int, int], ModuleStats] = {}  # (id(root), id(module))
         self._no_module = ModuleStats(NO_MODULE, "")
+        # micro-batches: a forward after a backward starts the next one; the rows are those of
+        # the micro-batch that saved the most (see _fold_micro)
+        self.micro_batches = 1
+        self._bw_seen = False  # a backward ran since the micro-batch in progress began
+        self._best = _Micro()  # the finished micro-batch that saved the most so far
+        self._best_total = -1
+        self._others = _Micro()  # each module's largest in the other micro-batches
         # live saved storages: key -> [alias count, nbytes]; weakrefs keep their callbacks alive
         self._live: dict[tuple[int, int], list[int]] = {}
         self._refs: set[weakref.ReferenceType[Any]] = set()
@@ -178,6 +210,11 @@ class LayerProfiler:
         self.step = step
         self._stats = {}
         self._no_module = ModuleStats(NO_MODULE, "")
+        self.micro_batches = 1
+        self._bw_seen = False
+        self._best = _Micro()
+        self._best_total = -1
+        self._others = _Micro()
         self._step_roots = set()
         self._param_keys = set()
         self._live = {}
@@ -208,7 +245,7 @@ class LayerProfiler:
                 # would switch theirs off. Count calls and outputs only.
                 self.saved_hooks_error = "the script has its own saved-tensors hooks active"
             else:
-                ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+                ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
                 ctx.__enter__()
                 self._saved_ctx = ctx
                 self._saved_thread = threading.get_ident()
@@ -245,6 +282,12 @@ class LayerProfiler:
             self._saved_ctx = None
             self._saved_thread = None
         self._sum_backward()
+        self._fold_micro()
+        best, others = self._best, self._others
+        self._stats = {**others.stats, **best.stats}
+        nm = best.no_module if best.no_module is not None else others.no_module
+        self._no_module = nm if nm is not None else ModuleStats(NO_MODULE, "")
+        self._best, self._others = _Micro(), _Micro()
         rows = self._resolve()
         self._stats = {}
         self._live = {}
@@ -352,11 +395,16 @@ class LayerProfiler:
 
     # -- module hooks --------------------------------------------------------------------------
 
-    def _stack(self) -> list[list[Any]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
+    def _thread(self) -> Any:
+        """This thread's state: ``stack`` of running module frames, ``recent`` packs since the
+        last module event (non-reentrant checkpoint inputs), ``pending`` inputs a reentrant
+        checkpoint region is about to save."""
+        local = self._local
+        if getattr(local, "stack", None) is None:
+            local.stack = []
+            local.recent = []
+            local.pending = None
+        return local
 
     @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
@@ -365,25 +413,52 @@ class LayerProfiler:
         if is_compiler_module(module):
             return  # a compiled region's own graph module: part of its caller
         try:
-            stack = self._stack()
+            local = self._thread()
+            stack = local.stack
             # not counted: evaluation without grad, and recomputation inside backward
             # (activation checkpointing); such calls still keep the stack paired
-            counted = torch.is_grad_enabled() and _graph_task_id() < 0
+            grad = torch.is_grad_enabled()
+            in_backward = grad and _graph_task_id() >= 0
+            counted = grad and not in_backward
+            if counted and stack and stack[-1][7]:
+                _drop_backward_frames(stack)
             if stack and stack[0][0] is module:
                 # the model called again while "running": its previous forward raised (no
                 # post hook ran) and the script caught it; start over
                 del stack[:]
-            if stack:
-                root_id = stack[0][1]
-                counted = counted and stack[-1][3]
-            else:
-                root_id = id(module)
-                if counted and root_id not in self._step_roots:
+            parent = stack[-1] if stack else None
+            region = parent[6] if parent is not None else None  # checkpoint region, if any
+            first = False  # the first module of a checkpoint region under its caller
+            if counted:
+                counted = parent is None or parent[3]
+                if counted and self._saved_ctx is not None:
+                    found = non_reentrant_region()
+                    if found is not None and found != region:
+                        region, first = found, True
+            elif parent is not None and parent[3] and region is not None and region[0] == REENTRANT:
+                counted = True  # inside a reentrant checkpoint's forward (its own no_grad)
+            elif not grad and (parent is None or (parent[3] and region is None)) \
+                    and _graph_task_id() < 0:
+                found = reentrant_region()  # a no-grad call under a counted caller: checkpoint?
+                if found is not None:
+                    counted, region, first = True, found, True
+            root_id = parent[1] if parent is not None else id(module)
+            if parent is None and counted:
+                if self._bw_seen:
+                    self._next_micro()  # a forward after a backward: the next micro-batch
+                if root_id not in self._step_roots:
                     self._see_root(module)
+            if first and region is not None:
+                self._checkpoint_inputs(local, region, args, self._module_stats(module, root_id))
+            elif counted and region is None:
+                local.pending = None
+            if local.recent:
+                local.recent = []
             before = peak = None
             if counted and self._cuda:
                 before, peak = _cuda_alloc()
-            stack.append([module, root_id, time.perf_counter(), counted, before, peak])
+            stack.append([module, root_id, time.perf_counter(), counted, before, peak, region,
+                          in_backward])
         except Exception:
             pass
 
@@ -392,7 +467,10 @@ class LayerProfiler:
         if is_compiling() or not self.active:
             return
         try:
-            stack = self._stack()
+            local = self._thread()
+            if local.recent:
+                local.recent = []
+            stack = local.stack
             # find the module's frame (a forward that raised may have left frames above it)
             for i in range(len(stack) - 1, -1, -1):
                 if stack[i][0] is module:
@@ -413,6 +491,58 @@ class LayerProfiler:
                 self._hook_backward(st, args, output)
         except Exception:
             pass
+
+    def _checkpoint_inputs(self, local: Any, region: tuple[str, int], args: Any,
+                           st: ModuleStats) -> None:
+        """The first module of a checkpoint region: the region's inputs that checkpointing
+        keeps are this module's saving. Non-reentrant checkpointing saved them just before
+        (charged to the caller: move them); reentrant checkpointing saves them when its forward
+        returns (``pending``: _pack charges them here)."""
+        keys = set()
+        for t in _tensors(args):
+            try:
+                keys.add(_storage_key(t))
+            except Exception:
+                pass
+        if region[0] == NON_REENTRANT:
+            for key, owner, nbytes in local.recent:
+                if key in keys and owner is not st:
+                    owner.saved_bytes -= nbytes
+                    owner.saved_tensors -= 1
+                    st.saved_bytes += nbytes
+                    st.saved_tensors += 1
+            return
+        pending = local.pending
+        if pending is None or pending[0] != region:
+            pending = local.pending = (region, {})
+        for key in keys:
+            pending[1].setdefault(key, st)
+
+    # -- micro-batches -------------------------------------------------------------------------
+
+    @runtime_only
+    def _unpack(self, t: Any) -> Any:
+        self._bw_seen = True  # a backward is using what was saved
+        return t
+
+    def _next_micro(self) -> None:
+        self._fold_micro()
+        self.micro_batches += 1
+        self._bw_seen = False
+
+    def _fold_micro(self) -> None:
+        """End of a micro-batch. The rows are one micro-batch's, never a sum over those of a
+        gradient-accumulation step: the one that saved the most (the earliest on a tie), so
+        they bound the step's peak as one forward does. A module that did not run in it (a
+        second model with a backward of its own) keeps its own largest micro-batch."""
+        done = _Micro(self._stats, self._no_module if self._no_module.saved_tensors else None)
+        total = sum(st.saved_bytes for st in done.stats.values()) + self._no_module.saved_bytes
+        if total > self._best_total:
+            done, self._best = self._best, done
+            self._best_total = total
+        self._others.keep_largest(done)
+        self._stats = {}
+        self._no_module = ModuleStats(NO_MODULE, "")
 
     def _cuda_call(self, st: ModuleStats, before: int, peak_before: int) -> None:
         after, peak_after = _cuda_alloc()
@@ -460,6 +590,7 @@ class LayerProfiler:
             def fire(_grads: Any) -> None:
                 if not self.active:
                     return
+                self._bw_seen = True
                 t = time.perf_counter()
                 for c in ends:
                     if c[1] is not None and c[2] is None:
@@ -562,18 +693,29 @@ class LayerProfiler:
                 self.live_bytes += nbytes
                 if self.live_bytes > self.max_live:
                     self.max_live = self.live_bytes
-            stack = self._stack()
+            local = self._thread()
+            stack = local.stack
+            if stack and stack[-1][7] and _graph_task_id() < 0:
+                _drop_backward_frames(stack)
             if stack and not stack[-1][3]:
                 # a forward that is not counted saves only when it is a recomputation inside
                 # backward (reentrant checkpointing): alive for a moment, not a forward's saving
                 return saved
-            if stack:
+            if not stack and self._bw_seen and _graph_task_id() < 0:
+                self._next_micro()  # saved outside modules after a backward: the next micro-batch
+            pending = local.pending
+            st = pending[1].pop(key, None) if pending is not None else None
+            if st is not None:
+                pass  # an input a reentrant checkpoint region keeps: its first module's
+            elif stack:
                 frame = stack[-1]
                 st = self._module_stats(frame[0], frame[1])
             else:
                 st = self._no_module
             st.saved_bytes += nbytes
             st.saved_tensors += 1
+            if len(local.recent) < _MAX_RECENT:
+                local.recent.append((key, st, nbytes))
             return saved
         except Exception:
             pass
@@ -684,10 +826,6 @@ class LayerProfiler:
         return out
 
 
-def _unpack(t: Any) -> Any:
-    return t
-
-
 def _model_class(top: Any) -> str:
     """The class name a later distinct model's rows are prefixed with (a wrapper's: what it wraps)."""
     from memscope.agent.module_names import wrapped_child
@@ -742,6 +880,28 @@ def _nothing() -> None:
 
 
 MAX_BACKWARD_HOOKS = 100_000  # node hooks per profiled step; calls beyond it are not timed
+_MAX_RECENT = 64  # packs remembered between two module events (a checkpoint's inputs)
+
+
+def _drop_backward_frames(stack: list[list[Any]]) -> None:
+    """Outside backward, frames pushed during one are stale: a non-reentrant checkpoint stops
+    its recomputation early by raising, so those forwards never reach their post hooks."""
+    while stack and stack[-1][7]:
+        stack.pop()
+
+
+def _tensors(obj: Any, depth: int = 0) -> list[Any]:
+    """The tensors in ``obj`` (tuples / lists / dicts, bounded)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    out: list[Any] = []
+    if depth < 3 and isinstance(obj, (tuple, list)):
+        for o in obj[:16]:
+            out.extend(_tensors(o, depth + 1))
+    elif depth < 3 and isinstance(obj, dict):
+        for o in list(obj.values())[:16]:
+            out.extend(_tensors(o, depth + 1))
+    return out
 
 
 def _grad_fns(obj: Any, depth: int = 0, limit: int = 16) -> list[Any]:

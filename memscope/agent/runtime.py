@@ -192,7 +192,8 @@ class Agent:
                     "calls": r.calls, "saved_bytes": r.saved_bytes,
                     "saved_tensors": r.saved_tensors, "output_bytes": r.output_bytes,
                     "forward_s": r.forward_s, "backward_s": r.backward_s,
-                    "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak})
+                    "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak,
+                    "micro_batches": self._layers.micro_batches})
             if self._layers.saved_hooks_error is None:
                 bd = self._layers.breakdown(list(self._tracker.optimizers))
                 self._writer.insert("step_breakdown", {"proc": self.proc_id, "step": step, **bd})

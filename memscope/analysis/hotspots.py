@@ -4,6 +4,11 @@ Pure functions over ``layer_stats`` / ``step_breakdown`` rows (no torch). A prof
 row per module that ran; ``saved_bytes`` is what that module's own forward code saved for
 backward (its children's savings are their own rows), deduplicated by storage and without
 parameters.
+
+With gradient accumulation a step runs several forwards, each followed by its backward (the
+micro-batches). Since schema 7 the rows are one of them, not their sum: the micro-batch that
+saved the most (a module that did not run in it: its own largest), and ``micro_batches`` says
+how many the step had. Older files' rows are sums over the step (``micro_batches`` None).
 """
 
 from __future__ import annotations
@@ -107,6 +112,20 @@ def choose_step(steps: list[int], near: int | None) -> int | None:
     if near is None:
         return steps[-1]
     return min(steps, key=lambda s: (abs(s - near), s))
+
+
+def micro_batches(rows: Iterable[dict[str, Any]]) -> int | None:
+    """How many micro-batches the step of these rows had (each row describes one of them);
+    None for a file before schema 7, whose rows are sums over the step."""
+    counts = [int(r["micro_batches"]) for r in rows if r.get("micro_batches") is not None]
+    return max(counts) if counts else None
+
+
+def micro_batch_note(count: int | None) -> str:
+    """The words that say a table's figures are per micro-batch ("" without accumulation)."""
+    if count is None or count <= 1:
+        return ""
+    return f"per micro-batch ({count} in the step; the one that saved the most)"
 
 
 def layer_rows(reader: RunReader, proc: int, step: int) -> list[dict[str, Any]]:

@@ -14,7 +14,15 @@ from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, leak_check
 from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
 from memscope.analysis.workers import WorkerGrowth, worker_growth
 from memscope.analysis.ranks import RankSummary, rank_summaries
-from memscope.analysis.hotspots import Hotspot, breakdown_at, choose_step, hotspots, layer_rows, profiled_steps
+from memscope.analysis.hotspots import (
+    Hotspot,
+    breakdown_at,
+    choose_step,
+    hotspots,
+    layer_rows,
+    micro_batches,
+    profiled_steps,
+)
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
 
@@ -51,6 +59,8 @@ class RunSummary:
     peak: Peak = field(default_factory=lambda: Peak(None, None, "rss"))
     hotspots: list[Hotspot] = field(default_factory=list)
     hotspot_step: int | None = None  # the profiled step the hotspots come from
+    # micro-batches in that step (the hotspots are per micro-batch); None: a file before schema 7
+    hotspot_micro_batches: int | None = None
     main_proc: int | None = None  # rank 0, or the process with the most steps
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     leak_check: LeakCheck = field(default_factory=lambda: LeakCheck(0, MIN_INVENTORIES))  # enough inventories?
@@ -80,12 +90,14 @@ def summarize(reader: RunReader) -> RunSummary:
     peak = find_peak(reader, procs, steps_by_proc)
     spots: list[Hotspot] = []
     spot_step = None
+    spot_micro = None
     if main is not None:
         layer_steps = [st for _, st in profiled_steps(reader, main["id"])]
         spot_step = choose_step(layer_steps, peak.step if peak.proc in (None, main["id"]) else None)
         if spot_step is not None:
-            spots = [h for h in hotspots(layer_rows(reader, main["id"], spot_step))
-                     if h.activation_bytes > 0]
+            spot_rows = layer_rows(reader, main["id"], spot_step)
+            spots = [h for h in hotspots(spot_rows) if h.activation_bytes > 0]
+            spot_micro = micro_batches(spot_rows)
         peak.breakdown = breakdown_at(reader, peak.proc if peak.proc is not None else main["id"],
                                       peak.step, peak.bytes)
         peak.breakdown_step = _breakdown_step(reader, peak.proc if peak.proc is not None else main["id"],
@@ -112,6 +124,7 @@ def summarize(reader: RunReader) -> RunSummary:
         peak=peak,
         hotspots=spots,
         hotspot_step=spot_step,
+        hotspot_micro_batches=spot_micro,
         main_proc=main["id"] if main else None,
         leaks=leaks_of(reader, main["id"] if main else None),
         leak_check=leak_check(reader, main["id"] if main else None),

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from memscope.analysis.hotspots import choose_step, hotspots, layer_rows, profiled_steps
+from memscope.analysis.hotspots import (
+    choose_step,
+    hotspots,
+    layer_rows,
+    micro_batch_note,
+    micro_batches,
+    profiled_steps,
+)
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.report.text import render_hotspots
@@ -42,15 +49,20 @@ def run(args: argparse.Namespace) -> int:
         else:
             step = summary.hotspot_step if summary.hotspot_step in steps else choose_step(steps, None)
         assert step is not None
-        spots = hotspots(layer_rows(reader, proc, step), args.depth)  # type: ignore[arg-type]
+        rows = layer_rows(reader, proc, step)  # type: ignore[arg-type]
+        spots = hotspots(rows, args.depth)
+        micro = micro_batches(rows)
     if args.json:
-        print(json.dumps({"step": step, "depth": args.depth, "profiled_steps": steps, "modules": [
+        print(json.dumps({"step": step, "depth": args.depth, "profiled_steps": steps,
+                          "micro_batches": micro, "modules": [
             {"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
              "share": round(h.share, 4), "output_bytes": h.output_bytes,
              "forward_s": h.forward_s, "backward_s": h.backward_s, "alloc_peak": h.alloc_peak,
              "calls": h.calls} for h in spots]}, indent=2))
     else:
-        print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})")
+        per = micro_batch_note(micro)
+        print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})"
+              + (f" · {per}" if per else ""))
         print(render_hotspots(spots))
     return 0
 

@@ -45,6 +45,11 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
         },
         "hotspots": [{"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
                       "share": round(h.share, 4)} for h in s.hotspots],
+        # additive: the profiled step the hotspots come from and its micro-batches (gradient
+        # accumulation: each hotspot is one micro-batch's saving; null: a run file before
+        # schema 7, whose hotspots are summed over the step)
+        "hotspots_step": s.hotspot_step,
+        "hotspots_micro_batches": s.hotspot_micro_batches,
         # Filled by later capabilities (leak detection, OOM post-mortem, suggestions);
         # present now so consumers can rely on the keys.
         "leaks": [lk.as_json() for lk in s.leaks],

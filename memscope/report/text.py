@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from memscope.analysis.hotspots import Hotspot
+from memscope.analysis.hotspots import Hotspot, micro_batch_note
 from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
@@ -62,8 +62,9 @@ def render_summary(s: RunSummary) -> str:
     if len(s.ranks) > 1:
         lines.extend(render_ranks(s.ranks, _METRIC.get(s.peak.metric, s.peak.metric)))
     if s.hotspots:
+        per = micro_batch_note(s.hotspot_micro_batches)
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
-                     " (memscope layers RUN.db for all modules)")
+                     + (f", {per}" if per else "") + " (memscope layers RUN.db for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
     lines.extend(render_leaks(s))
     lines.extend(render_suggestions(suggest_for(s)))

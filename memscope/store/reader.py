@@ -301,7 +301,8 @@ _COUNT, _TIME, _DURATION = 2 ** 40, 1e12, 1e9
 _BOUNDS: dict[str, float] = {
     **dict.fromkeys(("step", "proc", "calls", "count", "tensors", "saved_tensors", "rank",
                      "local_rank", "world_size", "version", "id", "pid", "owner_pid", "exit_code",
-                     "signal", "samples", "dropped", "truncated", "requires_grad"), _COUNT),
+                     "signal", "samples", "dropped", "truncated", "requires_grad",
+                     "micro_batches"), _COUNT),
     **dict.fromkeys(("t", "start", "end", "started", "ended", "heartbeat", "applied"), _TIME),
     **dict.fromkeys(("forward_s", "backward_s", "duration_s"), _DURATION),
 }

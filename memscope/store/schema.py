@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -209,9 +209,19 @@ CREATE INDEX worker_samples_t ON worker_samples (proc, pid, t);
 """
 
 
+# Version 7 (issue #15, layers per micro-batch): with gradient accumulation a profiled step runs
+# several forwards, each followed by its backward; a layer row is one of them, not their sum
+_V7 = """
+-- layer_stats.micro_batches: forward passes with a backward between them in the step (1 without
+-- gradient accumulation); the rows are those of the one that saved the most.
+-- NULL (files before version 7): the row is summed over the step's micro-batches
+ALTER TABLE layer_stats ADD COLUMN micro_batches INTEGER;
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -26,8 +26,12 @@ def test_eager_feature(tmp_path: Path, script: str) -> None:
         assert seen["pre"] == seen["post"] == STEPS and seen["backward"] == STEPS
         assert seen["packed"] > 0 and seen["unpacked"] > 0
     if script == "checkpointing.py":
-        # checkpointed blocks keep their names; what they recompute in backward is not a row,
-        # and a reentrant block's forward runs without grad: it is not counted
-        assert {"block_b", "tail.0", "stem", "head"} <= set(rows), sorted(rows)
-        assert "block_a" not in rows
+        # checkpointed blocks keep their names and each shows what checkpointing keeps (its
+        # input: 16 x 32 float32), reentrant (block_a) or not (block_b, the first segment of
+        # checkpoint_sequential); what they recompute in backward is not a row or a call
+        assert {"block_a", "block_b", "tail.0", "stem", "head"} <= set(rows), sorted(rows)
+        for name in ("block_a", "block_b", "tail.0"):
+            assert rows[name][1:] == (1, 16 * 32 * 4), (name, rows[name])
+        assert rows[""][2] == 0  # the caller keeps nothing of its own
         assert not [m for m in rows if m.startswith("<") and m != "<no module>"], sorted(rows)
+        assert all(calls == 1 for m, (_, calls, _) in rows.items() if m != "<no module>"), rows

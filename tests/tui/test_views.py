@@ -21,7 +21,7 @@ from memscope.analysis.ranks import imbalance, rank_summaries
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.views import breakdown_for
-from memscope.units import human_bytes
+from memscope.units import human_bytes, short_bytes
 from memscope.store.reader import RunReader
 from memscope_tui.app import MemscopeApp
 
@@ -102,6 +102,47 @@ async def test_layers_match_the_hotspots(tiny_run: Path, tiny_report: dict[str, 
     assert set(h["module"] for h in tiny_report["hotspots"]) <= set(modules)
     assert len(bars[0].strip()) >= len(bars[-1].strip())  # the bar follows the share
     assert caption.startswith("step ")
+
+
+ACCUMULATE = """
+import torch
+import torch.nn as nn
+
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(3):
+    for micro in range(4):  # gradient accumulation: 4 micro-batches per optimizer step
+        model(torch.randn(64, 256)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+async def test_layers_say_per_micro_batch(tmp_path: Path) -> None:
+    """With gradient accumulation the caption says the rows are per micro-batch, and the rows
+    are the analysis' (one micro-batch each: none above the step's activations at their peak)."""
+    from conftest import memscope
+
+    script = tmp_path / "accumulate.py"
+    script.write_text(ACCUMULATE)
+    db = tmp_path / "acc.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(script), timeout=300)
+    assert out.returncode == 0, out.stderr
+    app = MemscopeApp(str(db))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot, app, "2")
+        caption = text_of(app, "#layers-caption")
+        table = app.query_one("#layer-table", DataTable)
+        modules, saved = column(table, 0), column(table, 2)
+    assert "per micro-batch (4/step)" in caption
+    with RunReader(str(db)) as reader:
+        s = summarize(reader)
+        assert s.hotspot_step is not None and s.main_proc is not None
+        spots = hotspots(layer_rows(reader, s.main_proc, s.hotspot_step))
+    assert s.hotspot_micro_batches == 4 and s.peak.breakdown is not None
+    assert spots and all(h.activation_bytes <= s.peak.breakdown["activations"] for h in spots)
+    assert modules[0] == spots[0].module and saved[0].strip() == short_bytes(spots[0].activation_bytes)
+    assert spots[0].activation_bytes == 64 * 1024 * 4  # the ReLU's output of one micro-batch
 
 
 async def test_layers_fold_by_depth_and_sort(tiny_run: Path) -> None:

@@ -12,7 +12,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memscope.analysis.hotspots import Hotspot, choose_step, hotspots, layer_rows, profiled_steps
+from memscope.analysis.hotspots import (
+    Hotspot,
+    choose_step,
+    hotspots,
+    layer_rows,
+    micro_batches,
+    profiled_steps,
+)
 from memscope.analysis.leaks import GroupDiff, diff, inventory_steps
 from memscope.analysis.oom import advice
 from memscope.analysis.ranks import RankSummary
@@ -61,6 +68,7 @@ class Snapshot:
     depth: int | None
     max_depth: int
     layers: list[Hotspot]
+    layer_micro_batches: int | None                  # the layer step's micro-batches (rows: one each)
     inventory_steps: list[int]
     diff_from: int | None
     diff_to: int | None
@@ -110,6 +118,7 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
     max_depth = max((len(r["module"].split(".")) for r in raw if r["module"]), default=0)
     depth = sel.depth if sel.depth is not None and 0 < sel.depth < max_depth else None
     layers = hotspots(raw, depth)  # '' is the whole model: shown as (model) TYPE
+    micro = micro_batches(raw)
 
     inv = inventory_steps(reader, proc) if proc is not None else []
     a = sel.diff_from if sel.diff_from in inv else (inv[0] if inv else None)
@@ -126,7 +135,7 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
         summary=summary, timeline=Timeline(proc, None, 0.0, 0.0, 0.0, 0), extra_series=[],
         steps=rows, position=position(reader, proc),
         layer_steps=layer_steps, layer_step=layer_step, depth=depth, max_depth=max_depth,
-        layers=layers, inventory_steps=inv, diff_from=a, diff_to=b, diff=groups,
+        layers=layers, layer_micro_batches=micro, inventory_steps=inv, diff_from=a, diff_to=b, diff=groups,
         breakdown_steps=done, breakdown=bd, fragmentation=fragmentation(reader, proc),
         oom_advice=advice(summary.oom) if summary.oom is not None else [],
         suggestions=suggestions, ranks=summary.ranks, imbalance=rank_imbalance(summary.ranks),

@@ -60,9 +60,12 @@ class LayersView(View):
             caption.update("no layer profile yet (profiled steps: --layers-first / --layers-every)")
         else:
             depth = f"depth {snap.depth}" if snap.depth else "all modules"
+            micro = snap.layer_micro_batches
+            # gradient accumulation: a row is one micro-batch (the module's largest), not the step
+            per = f"per micro-batch ({micro}/step) · " if micro is not None and micro > 1 else ""
             caption.update(Text.assemble(
                 "step ", (str(snap.layer_step), "bold"),
-                f" ({len(snap.layer_steps)} profiled) · {depth} · "
+                f" ({len(snap.layer_steps)} profiled) · {per}{depth} · "
                 f"by {SORTS[self.sort_index][0]} · s d D [ ]"))
         _label, key, column = SORTS[self.sort_index]
         spots = sorted((h for h in snap.layers if matches(filter_text, module_label(h.module, h.type), h.type)),

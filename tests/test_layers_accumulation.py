@@ -1,0 +1,124 @@
+"""Layer rows under gradient accumulation: one micro-batch, never the sum over the step.
+
+A real ``memscope attach`` of a script that runs several forward/backward micro-batches per
+``optimizer.step()`` (steps end there), at default options. The expected bytes are analytic:
+``Linear`` saves its input, ``ReLU`` its output (which the next ``Linear`` saves again: counted
+once), the loss's ``pow`` saves the model output (``<no module>``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import memscope, report_json
+
+F32 = 4
+D_IN, D_H = 256, 1024
+
+SCRIPT = """
+import sys
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+sizes = [int(s) for s in sys.argv[1].split(",")]  # the micro-batches of one optimizer step
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    for b in sizes:
+        loss = model(torch.randn(b, 256)).pow(2).mean() / len(sizes)
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def attach(tmp_path: Path, sizes: str) -> Path:
+    script = tmp_path / "accumulate.py"
+    script.write_text(SCRIPT)
+    db = tmp_path / f"acc-{sizes.replace(',', '-')}.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(script), sizes, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return db
+
+
+def saved_by(b: int) -> dict[str, int]:
+    """What one forward of a micro-batch of ``b`` rows saves, per module."""
+    return {"0": b * D_IN * F32, "1": b * D_H * F32, "<no module>": b * D_IN * F32}
+
+
+def layers_json(db: Path) -> dict[str, Any]:
+    out = memscope("layers", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+@pytest.mark.parametrize("sizes, largest", [("64,64,64,64", 64), ("16,64,32,8", 64)])
+def test_hotspots_are_one_micro_batch(tmp_path: Path, sizes: str, largest: int) -> None:
+    db = attach(tmp_path, sizes)
+    report = report_json(db)
+    activations = report["peak"]["breakdown"]["activations"]
+    spots = {h["module"]: h["activation_bytes"] for h in report["hotspots"]}
+    # the rows are the micro-batch that saved the most, not 4 micro-batches summed
+    assert spots == saved_by(largest)
+    assert report["hotspots_micro_batches"] == 4 and report["hotspots_step"] == 1
+    # so no hotspot exceeds the step's activations at their peak (what one micro-batch keeps)
+    assert all(b <= activations for b in spots.values())
+    assert sum(spots.values()) == activations
+    layers = layers_json(db)
+    assert layers["micro_batches"] == 4
+    rows = {m["module"]: m for m in layers["modules"]}
+    assert all(m["calls"] == 1 for name, m in rows.items() if name != "<no module>")
+    # every figure is of that one micro-batch, also for modules that save nothing
+    assert rows["1"]["output_bytes"] == largest * D_H * F32
+    assert rows[""]["output_bytes"] == rows["2"]["output_bytes"] == largest * D_IN * F32
+    # the tables say what a row is
+    text = memscope("layers", str(db)).stdout
+    assert text.splitlines()[0].endswith("per micro-batch (4 in the step; the one that saved the most)")
+    assert "per micro-batch (4 in the step" in memscope("report", str(db)).stdout
+
+
+def test_without_accumulation_nothing_changes(tmp_path: Path) -> None:
+    db = attach(tmp_path, "64")
+    report = report_json(db)
+    assert {h["module"]: h["activation_bytes"] for h in report["hotspots"]} == saved_by(64)
+    assert report["hotspots_micro_batches"] == 1
+    assert "micro-batch" not in memscope("layers", str(db)).stdout
+    assert "micro-batch" not in memscope("report", str(db)).stdout
+
+
+TWO_MODELS = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+actor = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 8))
+critic = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 1))
+opt = torch.optim.SGD([*actor.parameters(), *critic.parameters()], lr=0.01)
+for step in range(3):
+    obs = torch.randn(32, 64)
+    actor(obs).logsumexp(-1).mean().backward()  # each model's own forward and backward
+    critic(obs).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_model_outside_the_largest_micro_batch_keeps_its_rows(tmp_path: Path) -> None:
+    """Two forward/backward passes per step through different models (an actor and a critic):
+    the rows are the larger pass's, and the other model's modules keep theirs."""
+    script = tmp_path / "two_models.py"
+    script.write_text(TWO_MODELS)
+    db = tmp_path / "two.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(script), timeout=300)
+    assert out.returncode == 0, out.stderr
+    layers = layers_json(db)
+    assert layers["micro_batches"] == 2
+    saved = {m["module"]: m["activation_bytes"] for m in layers["modules"]}
+    assert saved["1"] == 32 * 512 * F32  # the actor's ReLU output
+    assert saved["Sequential:1"] == 32 * 128 * F32  # the critic's Tanh output, from its own pass
+    assert saved["Sequential:0"] == saved["0"] == 32 * 64 * F32  # each first Linear's input
