@@ -1,7 +1,8 @@
 """The README's output samples are what the program prints today.
 
-Each sample is compared with a fresh run of the same command, numbers masked (sizes, times and
-dates differ between machines; words, columns, units and verdicts must not). A README line that
+Each sample is compared with a fresh run of the same command, numbers and sizes masked (sizes,
+times, dates and where the host RSS peak fell differ between runs and machines; words, columns
+and verdicts must not). A README line that
 ends in ``...`` only has to start the output line; a line of just ``...`` stands for lines left
 out. When this fails, paste the output it shows into the README.
 """
@@ -16,12 +17,19 @@ import pytest
 from conftest import ROOT, memscope
 
 README = (ROOT / "README.md").read_text()
+_SIZE = re.compile(r"[-+]?\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)\b")  # its unit moves with its size
 _NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
+# wording that follows where the host RSS peak fell (a step, which step), not the program
+_WHERE = re.compile(r"\(measured at [^)]*\)")
 # lines whose presence depends on the machine (host RSS outside the steps), not on the program
-_OPTIONAL = [re.compile(r"^ *# [KMG]iB at most over the whole run")]
+_OPTIONAL = [re.compile(r"^SIZE at most over the whole run")]
+
+
+_PATH = re.compile(r"(?<![\w.])/[^\s,;)]+")  # absolute paths: a temporary directory's name
 
 
 def _mask(line: str) -> str:
+    line = _WHERE.sub("(measured at …)", _SIZE.sub("SIZE", _PATH.sub("PATH", line)))
     return " ".join(_NUMBER.sub("#", line).split())
 
 
@@ -95,7 +103,7 @@ def test_the_check_catches_a_stale_sample() -> None:
     output = "peak      338.07 MiB host RSS at step 27\nleaks     none in 12 inventories\n"
     check(["peak      1.5 MiB host RSS at step 3", "leaks     none in 4 inventories"], output)
     for stale in (["peak      338.07 MiB host RSS at step 27", "leaks     2 found"],
-                  ["peak      338.07 GiB host RSS at step 27"],
+                  ["peak      338.07 MiB device memory at step 27"],
                   ["leaks     none in 12 inventories", "peak      338.07 MiB host RSS at step 27"]):
         with pytest.raises(pytest.fail.Exception):
             check(stale, output)
