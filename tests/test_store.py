@@ -233,3 +233,34 @@ def test_schema_6_layer_rows_read_as_step_sums_then_migrate_to_7(tmp_path: Path)
     assert conn.execute("SELECT saved_bytes, micro_batches FROM layer_stats").fetchone() == (16384, None)
     assert [r[0] for r in conn.execute("SELECT version FROM migrations")] == list(range(7, SCHEMA_VERSION + 1))
     conn.close()
+
+
+def test_writer_tries_a_failed_open_again_and_keeps_the_rows(tmp_path: Path) -> None:
+    """A run file that refuses the writer's first opens (another process's lock, a moment of a
+    full disk) loses nothing once it opens; one that never opens counts every row as dropped."""
+    db = tmp_path / "r.db"
+    proc = new_run(db)
+    refusals = [sqlite3.OperationalError("database is locked")] * 2
+
+    def flaky(conn: sqlite3.Connection) -> None:
+        if refusals:
+            raise refusals.pop()
+
+    writer = RunWriter(str(db), flush_interval=0.05, on_connect=flaky)
+    writer.start()
+    for i in range(50):
+        assert writer.insert("steps", {"proc": proc, "step": i, "start": float(i), "end": i + 0.5})
+    writer.close()
+    assert not refusals and writer.error is None and writer.dropped == 0
+    with RunReader(db) as reader:
+        assert reader.scalar("SELECT count(*) FROM steps") == 50
+
+    def never(conn: sqlite3.Connection) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    writer = RunWriter(str(db), flush_interval=0.05, on_connect=never)
+    for i in range(5):
+        writer.insert("steps", {"proc": proc, "step": 100 + i, "start": 0.0, "end": 1.0})
+    writer.start()
+    writer.close(timeout=30)
+    assert writer.error is not None and "disk I/O error" in writer.error and writer.dropped == 5

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from memscope.store.closing import ClosingConnection
-from memscope.store.schema import migrate
+from memscope.store.schema import RunFileError, migrate
 
 BUSY_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0  # how often a live writer stamps its process row (and the current drop count)
@@ -222,19 +222,39 @@ class RunWriter:
     # -- the writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            self._conn = connect_rw(self.path, self.busy_timeout)
-            if self.on_connect is not None:
-                self.on_connect(self._conn)
-        except Exception as exc:  # the agent reads .error and disables itself
-            with self._lock:
-                self.error = f"cannot open run file: {exc}"
-            return
+        # A failed open is tried again (a lock held by another process, a disk that frees up):
+        # rows queue meanwhile. After the last try every row is counted as dropped.
+        for wait in (*RETRY_S, None):
+            try:
+                self._conn = connect_rw(self.path, self.busy_timeout)
+                if self.on_connect is not None:
+                    self.on_connect(self._conn)
+                break
+            except Exception as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                if wait is None or isinstance(exc, RunFileError):  # not a run file: no point
+                    with self._lock:
+                        self.error = f"cannot open run file: {exc}"
+                        self._count_drop(False, self.error, self._discard_queue())
+                    return
+                time.sleep(wait)
         try:
             self._loop()
         finally:
             if self._conn is not None:
                 self._conn.close()
+
+    def _discard_queue(self) -> int:
+        """Empty the queue; the number of rows it held."""
+        rows = 0
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return rows
+            rows += item is not _STOP
 
     def _loop(self) -> None:
         stopping = False
