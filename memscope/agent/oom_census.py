@@ -31,6 +31,8 @@ import time
 import weakref
 from typing import Any, Iterable
 
+from memscope.agent.inventory.graph import saved_attr_names
+
 MAX_SECONDS = 3.0  # wall time for the whole census (typically tens of milliseconds)
 MAX_NODES = 400_000  # autograd graph nodes walked
 MAX_CALLS = 200_000  # module calls logged per step (CallLog)
@@ -99,24 +101,6 @@ def _types(torch: Any) -> tuple[set[type], set[type], type]:
     """Tensor classes, optimizer classes (looked up by ``type(o) in``: no isinstance on
     arbitrary objects), and nn.Parameter."""
     return _subclasses(torch.Tensor), _subclasses(torch.optim.Optimizer), torch.nn.Parameter
-
-
-_SAVED: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_names(node: Any) -> tuple[str, ...]:
-    """The node's ``_raw_saved_*`` attributes: its saved variables as ``SavedTensor`` objects,
-    whose ``data`` is the stored value, read without running a saved-tensors unpack hook (the
-    script's ``save_on_cpu`` would copy back to the GPU, at an OOM)."""
-    cls = type(node)
-    names = _SAVED.get(cls)
-    if names is None:
-        try:
-            names = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
-        except Exception:
-            names = ()
-        _SAVED[cls] = names
-    return names
 
 
 def _stored(raw: Any) -> list[Any]:
@@ -325,7 +309,7 @@ def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog 
             keep.append(node)
             nodes += 1
             seq = None
-            for name in _saved_names(node):
+            for name in saved_attr_names(node):
                 try:
                     values = _stored(getattr(node, name))
                 except Exception:

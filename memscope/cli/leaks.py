@@ -139,7 +139,7 @@ def leak_lines(lk: Leak) -> list[str]:
 
 
 def unexplained_lines(u: UnexplainedGrowth) -> list[str]:
-    metric = "host RSS" if u.metric == "rss" else "CUDA allocated memory"
+    metric = u.label
     return [f"GROWTH {metric} +{human_bytes(u.bytes_per_step)}/step from step {u.first_step} to "
             f"{u.last_step} that no tensor group explains (inventories: "
             f"+{human_bytes(u.explained_bytes_per_step)}/step)",

@@ -269,7 +269,7 @@ def _leaks(s: RunSummary) -> str:
         parts.append(f'<p class="insufficient">not enough inventories to tell: {esc(s.leak_check.advice())}</p>')
     u = s.unexplained
     if u is not None:
-        metric = "host RSS" if u.metric == "rss" else "CUDA allocated memory"
+        metric = u.label
         parts.append(f'<p class="growth">{esc(metric)} grows by {esc(human_bytes(u.bytes_per_step))}/step '
                      f"from step {u.first_step} to {u.last_step}, and no tensor group explains it "
                      f"(inventories: {esc(human_bytes(u.explained_bytes_per_step))}/step). "

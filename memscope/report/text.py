@@ -109,7 +109,7 @@ def render_leaks(s: RunSummary) -> list[str]:
             out.append(f"leaks     not enough inventories to tell: {check.advice()}")
     u = s.unexplained
     if u is not None:
-        metric = "host RSS" if u.metric == "rss" else "CUDA allocated"
+        metric = u.label
         out.append(f"growth    {metric} +{human_bytes(u.bytes_per_step)}/step (steps {u.first_step}–"
                    f"{u.last_step}) that no tensor group explains (memscope leaks RUN.db)")
     w = s.workers

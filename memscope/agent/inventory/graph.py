@@ -31,7 +31,10 @@ except AttributeError:  # pragma: no cover - older torch
     _SAVED_TENSOR = None
 
 
-def _raw_names(node: Any) -> tuple[str, ...]:
+def saved_attr_names(node: Any) -> tuple[str, ...]:
+    """The node's ``_raw_saved_*`` attributes: its saved variables as ``SavedTensor`` objects,
+    whose ``data`` is the stored value, read without running a saved-tensors unpack hook (a
+    script's ``save_on_cpu`` would copy back to the GPU). Cached per node class."""
     cls = type(node)
     names = _RAW_NAMES.get(cls)
     if names is None:
@@ -96,7 +99,7 @@ class GraphWalker:
             self.keep.append(node)
             self.nodes += 1
             nodes += 1
-            for name in _raw_names(node):
+            for name in saved_attr_names(node):
                 try:
                     value = getattr(node, name)
                 except Exception:

@@ -53,7 +53,7 @@ def verdict_text(summary: RunSummary, inventoried: int) -> Text:
             lines.append(Text("not enough inventories to tell yet: " + check.advice(), style="bold yellow"))
     u = summary.unexplained
     if u is not None:
-        metric = "host RSS" if u.metric == "rss" else "CUDA allocated"
+        metric = u.label
         lines.append(Text.assemble(("GROWTH ", "bold red"), (f"+{human_bytes(u.bytes_per_step)}/step", "bold"),
                                    f" {metric} from step {u.first_step} that no tensor group explains"))
     w = summary.workers
