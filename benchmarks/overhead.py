@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     env["OMP_NUM_THREADS"] = str(args.threads)
     env["MKL_NUM_THREADS"] = str(args.threads)
     env["PYTHONUNBUFFERED"] = "1"
+    # an installed memscope has its .pyc (pip compiles them); with PYTHONDONTWRITEBYTECODE set
+    # (some CI and container images) every memscope run would also compile about 100 modules
+    # (~0.15 s), which the plain arm never pays: the warm-up writes them here
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     load_before = _load()
     arms = ["plain", "memscope"] + ([] if args.no_layers_arm else ["layers"])

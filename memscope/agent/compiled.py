@@ -58,11 +58,14 @@ def optimized_module_type() -> type | None:
     return t if isinstance(t, type) else None
 
 
-def optimized_modules() -> list[Any]:
-    """The ``torch.compile(module)`` results alive now (the referrers of their class, once Dynamo
-    is imported). ``gc.get_referrers``, not ``gc.get_objects``: a list of every object would
-    keep, for the length of the scan, objects other threads are dropping (an sqlite3 cursor
-    whose statement must be reset before its connection commits, say)."""
+def _scan_optimized_modules() -> list[Any]:
+    """The ``torch.compile(module)`` results alive now: the referrers of their class, once Dynamo
+    is imported. ``gc.get_referrers`` walks every object of the process (30 ms after a bare
+    ``import torch``, far more beside a large dataset): done once, when :data:`compiled_seen`
+    starts; from then on the modules are seen being built. ``gc.get_referrers``, not
+    ``gc.get_objects``: a list of every object would keep, for the length of the scan, objects
+    other threads are dropping (an sqlite3 cursor whose statement must be reset before its
+    connection commits, say)."""
     t = optimized_module_type()
     if t is None:
         return []
@@ -71,6 +74,45 @@ def optimized_modules() -> list[Any]:
         return [o for o in refs if isinstance(o, t)]
     finally:
         refs.clear()
+
+
+def optimized_modules() -> list[Any]:
+    """The ``torch.compile(module)`` results alive now."""
+    return compiled_seen.alive()
+
+
+class CompiledSeen:
+    """Every ``OptimizedModule`` alive, without a walk over every object at each question: the
+    ones alive when :meth:`start` ran (one scan), then each one as ``torch.compile(module)``
+    builds it (a module registration hook: not a forward hook, so compiled modules do not warn
+    about it). Weak references only. Before :meth:`start` (or after :meth:`stop`), each question
+    scans."""
+
+    def __init__(self) -> None:
+        self._modules: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._watch: CompileWatch | None = None
+
+    def start(self) -> None:
+        if self._watch is not None:
+            return
+        self._watch = CompileWatch(lambda optimized, _module: self._modules.add(optimized))
+        self._watch.install()
+        if not self._watch.installed:  # no registration hooks in this torch: scan each time
+            self._watch = None
+            return
+        for m in _scan_optimized_modules():
+            self._modules.add(m)
+
+    def stop(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.remove()
+        self._modules = weakref.WeakSet()
+
+    def alive(self) -> list[Any]:
+        if self._watch is None:
+            return _scan_optimized_modules()
+        return list(self._modules)
 
 
 def compiled_modules_alive() -> bool:
@@ -106,6 +148,10 @@ class CompileWatch:
         if register is not None:
             self._handle = register(self._registered)
 
+    @property
+    def installed(self) -> bool:
+        return self._handle is not None
+
     def remove(self) -> None:
         handle, self._handle = self._handle, None
         if handle is not None:
@@ -123,6 +169,9 @@ class CompileWatch:
         except Exception:
             pass
         return None  # never replace the module being registered
+
+
+compiled_seen = CompiledSeen()  # started and stopped by the agent
 
 
 def _lazy_graph_module_type() -> type | None:

@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from memscope.agent import cuda
+from memscope.agent.compiled import compiled_seen
 from memscope.agent.config import ENV_SUPERVISOR, AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
 from memscope.agent.leak_collector import LeakCollector
@@ -102,6 +103,8 @@ class Agent:
         self._writer.start()
         self._tracker.install()
         self._tracker.on_error = self._backward_error
+        # torch.compile(module) results, seen being built: asking costs nothing per step
+        self._guard_call("compile", compiled_seen.start)
         self._guard_call("oom", self._oom.install)
         self._whatif = None  # max_steps, try_techniques, simulate_gpu, tensor_peak (memscope whatif)
         if techniques_wanted(self.options):
@@ -145,6 +148,7 @@ class Agent:
         except Exception:
             pass
         self._guard_call("oom", self._oom_finish)
+        self._guard_call("compile", compiled_seen.stop)
         self.running = False
         self._writer.close()
         if self._nvml is not None:
