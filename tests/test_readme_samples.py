@@ -68,27 +68,30 @@ def check(sample: list[str], output: str) -> None:
         i = j + 1
 
 
+def attached(db: Path, *command: str) -> Path:
+    out = memscope("attach", "--headless", "--db", str(db), *command)
+    assert out.returncode == 0, out.stderr
+    return db
+
+
+def output_of(*args: str) -> str:
+    out = memscope(*args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.mark.slow
 def test_report_and_layers_samples(tmp_path: Path) -> None:
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), "examples/tiny_gpt.py", "--steps", "30")
-    assert out.returncode == 0, out.stderr
-    report = memscope("report", str(db))
-    assert report.returncode == 0, report.stderr
-    check(sample_after("memscope report run.db --json   # the memscope.report/1 document"), report.stdout)
-    layers = memscope("layers", str(db))
-    assert layers.returncode == 0, layers.stderr
-    check(sample_after("memscope layers run.db --json\n"), layers.stdout)
+    db = attached(tmp_path / "run.db", "examples/tiny_gpt.py", "--steps", "30")
+    check(sample_after("memscope report run.db --json   # the memscope.report/1 document"),
+          output_of("report", str(db)))
+    check(sample_after("memscope layers run.db --json\n"), output_of("layers", str(db)))
 
 
 @pytest.mark.slow
 def test_leaks_sample(tmp_path: Path) -> None:
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), "examples/leaky.py", "--steps", "40")
-    assert out.returncode == 0, out.stderr
-    leaks = memscope("leaks", str(db))
-    assert leaks.returncode == 0, leaks.stderr
-    check(sample_after("memscope leaks RUN.db --json\n"), leaks.stdout)
+    db = attached(tmp_path / "run.db", "examples/leaky.py", "--steps", "40")
+    check(sample_after("memscope leaks RUN.db --json\n"), output_of("leaks", str(db)))
 
 
 @pytest.mark.slow
@@ -111,13 +114,8 @@ def test_the_check_catches_a_stale_sample() -> None:
 
 @pytest.mark.slow
 def test_checkpointing_layers_sample(tmp_path: Path) -> None:
-    db = tmp_path / "ckpt.db"
-    out = memscope("attach", "--headless", "--db", str(db), "tests/compat/cases/checkpointing.py",
-                   str(tmp_path / "out.pt"))
-    assert out.returncode == 0, out.stderr
-    layers = memscope("layers", str(db))
-    assert layers.returncode == 0, layers.stderr
-    check(sample_after("$ memscope layers ckpt.db\n"), layers.stdout)
+    db = attached(tmp_path / "ckpt.db", "tests/compat/cases/checkpointing.py", str(tmp_path / "out.pt"))
+    check(sample_after("$ memscope layers ckpt.db\n"), output_of("layers", str(db)))
 
 
 @pytest.mark.slow
@@ -126,12 +124,8 @@ def test_accumulation_samples(tmp_path: Path) -> None:
 
     script = tmp_path / "accumulate.py"
     script.write_text(SCRIPT)
-    db = tmp_path / "acc.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(script), "16,64,32,8")
-    assert out.returncode == 0, out.stderr
+    db = attached(tmp_path / "acc.db", str(script), "16,64,32,8")
     sample = sample_after("$ memscope layers acc.db\n")
     cut = sample.index("$ memscope report acc.db")
-    layers, report = memscope("layers", str(db)), memscope("report", str(db))
-    assert layers.returncode == 0 and report.returncode == 0, layers.stderr + report.stderr
-    check(sample[:cut], layers.stdout)
-    check(sample[cut + 1:], report.stdout)
+    check(sample[:cut], output_of("layers", str(db)))
+    check(sample[cut + 1:], output_of("report", str(db)))
