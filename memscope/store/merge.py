@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from memscope.store.merge_check import check_distinct_ranks, check_one_job
 from memscope.store.reader import RunReader
-from memscope.store.runs import prepare_path
+from memscope.store.runs import discard_run, prepare_path
 from memscope.store.schema import RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
@@ -64,11 +64,7 @@ def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
             result.missing_ranks = missing
             return result
         except BaseException:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                try:
-                    os.remove(out + suffix)
-                except OSError:
-                    pass
+            discard_run(out)  # the half-written file and its WAL / journal
             raise
     finally:
         for r in readers:

@@ -105,7 +105,7 @@ def create_run(path: str, command: list[str], started: float | None = None) -> N
 
 
 def discard_run(path: str) -> None:
-    """Remove a run file that recorded nothing (its command could not be started)."""
+    """Remove a run file and its side files (one that recorded nothing, or was half written)."""
     _discard(path)
 
 

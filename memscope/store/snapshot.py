@@ -27,7 +27,7 @@ import sqlite3
 import time
 from typing import Any
 
-from memscope.store.runs import create_run, finish_run, register_process
+from memscope.store.runs import create_run, discard_run, finish_run, register_process
 from memscope.store.schema import RunFileError
 from memscope.store.snapshot_data import (MAX_SNAPSHOT_BYTES, TOP_SITES, SnapshotError, Summary,
                                           load_snapshot, summarize)
@@ -67,11 +67,7 @@ def import_snapshot(snapshot_path: str, db: str, force: bool = False) -> dict[st
         _remove_sidecars(db)
         os.replace(tmp, db)
     except BaseException:
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            try:
-                os.remove(tmp + suffix)
-            except OSError:
-                pass
+        discard_run(tmp)  # the half-written file and its WAL / journal
         raise
     return {"segments": summary.segments, "ooms": len(summary.ooms) + summary.ooms_dropped,
             "devices": len(summary.devices), "bytes": os.path.getsize(snapshot_path)}
