@@ -361,23 +361,17 @@ def _memory(r: OomReport) -> list[Fact]:
     return lines
 
 
+_ALLOCATOR_SIZES = (("allocated_bytes", "allocated"), ("reserved_bytes", "reserved"),
+                    ("active_bytes", "active"), ("cached_free_bytes", "free in the cache"),
+                    ("largest_free_block_bytes", "largest free block"),
+                    ("inactive_split_bytes", "inactive split blocks"))
+
+
 def _allocator(d: dict[str, Any]) -> list[Fact]:
     """CUDA: allocated vs reserved, the free cache and its largest block, split blocks,
     retries, the configuration, and NVML's view (memory outside PyTorch)."""
     lines: list[Fact] = []
-    parts = []
-    if d.get("allocated_bytes") is not None:
-        parts.append(f"allocated {human_bytes(d['allocated_bytes'])}")
-    if d.get("reserved_bytes") is not None:
-        parts.append(f"reserved {human_bytes(d['reserved_bytes'])}")
-    if d.get("active_bytes") is not None:
-        parts.append(f"active {human_bytes(d['active_bytes'])}")
-    if d.get("cached_free_bytes") is not None:
-        parts.append(f"free in the cache {human_bytes(d['cached_free_bytes'])}")
-    if d.get("largest_free_block_bytes") is not None:
-        parts.append(f"largest free block {human_bytes(d['largest_free_block_bytes'])}")
-    if d.get("inactive_split_bytes") is not None:
-        parts.append(f"inactive split blocks {human_bytes(d['inactive_split_bytes'])}")
+    parts = [f"{label} {human_bytes(d[key])}" for key, label in _ALLOCATOR_SIZES if d.get(key) is not None]
     if d.get("segments") is not None:
         parts.append(f"{d['segments']} segment(s)")
     counts = []
