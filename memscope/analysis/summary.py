@@ -26,6 +26,10 @@ from memscope.analysis.hotspots import (
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
 
+# how close to the highest step's peak the step that ran out of memory must be to count as the
+# peak (a fraction): sampled host RSS moves by under 1% between steps of a steady loop
+OOM_PEAK_TIE = 0.01
+
 
 @dataclass
 class Peak:
@@ -87,7 +91,8 @@ def summarize(reader: RunReader) -> RunSummary:
     main = _main_process(procs, steps_by_proc)
     main_steps = steps_by_proc.get(main["id"], []) if main else []
     durations = [s["end"] - s["start"] for s in main_steps if s["status"] == "ok"]
-    peak = find_peak(reader, procs, steps_by_proc)
+    oom = post_mortem(reader)
+    peak = find_peak(reader, procs, steps_by_proc, _oom_step(oom, main))
     spots: list[Hotspot] = []
     spot_step = None
     spot_micro = None
@@ -102,7 +107,6 @@ def summarize(reader: RunReader) -> RunSummary:
                                       peak.step, peak.bytes)
         peak.breakdown_step = _breakdown_step(reader, peak.proc if peak.proc is not None else main["id"],
                                               peak.step) if peak.breakdown else None
-    oom = post_mortem(reader)
     if main is not None:
         _breakdown_at_failure(peak, oom, main["id"])
     return RunSummary(
@@ -208,14 +212,28 @@ def _device(procs: list[dict[str, Any]]) -> str:
     return "cuda" if cuda else devices[0]
 
 
+def _oom_step(oom: OomReport | None, main: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(process, step) of the step that ran out of memory, when the run had an allocator error."""
+    if oom is None or oom.kind != "oom" or oom.step is None:
+        return None
+    proc = oom.proc if oom.proc is not None else (main["id"] if main else None)
+    return None if proc is None else (proc, oom.step)
+
+
 def find_peak(reader: RunReader, procs: list[dict[str, Any]],
-              steps_by_proc: dict[int, list[dict[str, Any]]]) -> Peak:
+              steps_by_proc: dict[int, list[dict[str, Any]]],
+              oom_step: tuple[int, int] | None = None) -> Peak:
     """The training peak: allocator bytes on CUDA, resident host memory on CPU.
 
     It is the largest per-step peak (the earliest step on a tie), so it always names a step
     when the run completed one. Host RSS rarely falls (freed memory stays with the process), so
     the highest reading is often taken after the last step; that whole-run figure is kept in
     ``whole_run_bytes``. Without completed steps the whole-run peak is the peak, ``step = None``.
+
+    ``oom_step`` (process, step) is the step that ran out of memory: it is the peak when its
+    reading is within :data:`OOM_PEAK_TIE` of the highest, since it held that much and then asked
+    for more than there was (its demand was the run's highest); sampled host RSS cannot tell
+    steps that close apart, and which step failed is what the user needs the breakdown of.
     """
     cuda = bool(reader.scalar("SELECT count(*) FROM cuda_samples"))
     whole = _peak_cuda(reader, steps_by_proc) if cuda else _peak_rss_samples(reader, procs, steps_by_proc)
@@ -231,8 +249,22 @@ def find_peak(reader: RunReader, procs: list[dict[str, Any]],
                 best = Peak(int(value), int(s["step"]), whole.metric, proc)
     if best is None:
         return whole
+    failed = _failing_step_peak(steps_by_proc, oom_step, column)
+    if failed is not None and failed >= (best.bytes or 0) * (1 - OOM_PEAK_TIE) and oom_step is not None:
+        best = Peak(failed, oom_step[1], whole.metric, oom_step[0])
     best.whole_run_bytes = max(whole.bytes or 0, best.bytes or 0)
     return best
+
+
+def _failing_step_peak(steps_by_proc: dict[int, list[dict[str, Any]]],
+                       oom_step: tuple[int, int] | None, column: str) -> int | None:
+    if oom_step is None:
+        return None
+    proc, step = oom_step
+    for s in steps_by_proc.get(proc, []):
+        if int(s["step"]) == step and s[column] is not None:
+            return int(s[column])
+    return None
 
 
 def _peak_rss_samples(reader: RunReader, procs: list[dict[str, Any]],
