@@ -122,3 +122,17 @@ def test_a_model_outside_the_largest_micro_batch_keeps_its_rows(tmp_path: Path) 
     assert saved["1"] == 32 * 512 * F32  # the actor's ReLU output
     assert saved["Sequential:1"] == 32 * 128 * F32  # the critic's Tanh output, from its own pass
     assert saved["Sequential:0"] == saved["0"] == 32 * 64 * F32  # each first Linear's input
+
+
+def test_accumulation_advice_counts_the_micro_batches_already_there(tmp_path: Path) -> None:
+    """A script that already accumulates 2 micro-batches is told to go to 4, not to start
+    accumulating; the same batch in one forward is told to start."""
+    def advice(sizes: str) -> str:
+        doc = report_json(attach(tmp_path, sizes))
+        (s,) = [s for s in doc["suggestions"] if s["technique"] == "gradient_accumulation"]
+        return str(s["how"])
+
+    already = advice("1024,1024")
+    assert "already accumulates 2 micro-batches" in already and "accumulate 4" in already
+    fresh = advice("2048")
+    assert "already" not in fresh and "every 2 micro-batches" in fresh

@@ -86,6 +86,7 @@ class Facts:
     layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
     basis: str = "at the peak"  # the moment the numbers describe
     device_total: int | None = None  # the GPU's memory (NVML), or the --simulate-gpu cap
+    micro_batches: int | None = None  # forwards per optimizer step in the profiled step (accumulation)
 
     @property
     def layer_source(self) -> str:
@@ -184,7 +185,8 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  tensor_total=total, layers=layers, layer_step=s.hotspot_step,
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
                  tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
-                 expandable_segments=expandable, layer_scale=scale, basis=basis)
+                 expandable_segments=expandable, layer_scale=scale, basis=basis,
+                 micro_batches=s.hotspot_micro_batches)
 
 
 def _allocator_facts(reader: RunReader, s: RunSummary) -> tuple[dict[str, Any] | None, bool]:
@@ -512,14 +514,21 @@ def gradient_accumulation(f: Facts) -> list[Suggestion]:
         return []
     k = ACCUMULATION
     saving = f.activations - f.activations // k
+    n = f.micro_batches or 1
+    if n > 1:  # the script already accumulates: more, smaller micro-batches
+        how = (f"the script already accumulates {n} micro-batches per optimizer step: divide the "
+               f"micro-batch by {k} and accumulate {n * k} (each loss divided by {n * k}): the same "
+               "effective batch and the same gradients (up to BatchNorm statistics), at the cost of "
+               "smaller, slower matmuls")
+    else:
+        how = (f"divide the batch size by {k} and call optimizer.step() / zero_grad() every {k} "
+               f"micro-batches, with `(loss / {k}).backward()`: the same effective batch and the same "
+               "gradients (up to BatchNorm statistics), at the cost of smaller, slower matmuls")
     return [Suggestion(
         "gradient_accumulation", saving,
         f"activations {_b(f.activations)} are {f.share(f.activations):.0%} of {_b(f.tensor_total)} "
         f"of tensors {f.basis} and scale with the micro-batch; a {k}x smaller micro-batch keeps "
-        f"{_b(f.activations // k)}",
-        f"divide the batch size by {k} and call optimizer.step() / zero_grad() every {k} "
-        f"micro-batches, with `(loss / {k}).backward()`: the same effective batch and the same "
-        "gradients (up to BatchNorm statistics), at the cost of smaller, slower matmuls")]
+        f"{_b(f.activations // k)}", how)]
 
 
 def efficient_attention(f: Facts) -> list[Suggestion]:
