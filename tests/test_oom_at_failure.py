@@ -220,6 +220,11 @@ def test_breakdown_at_failure_matches_an_independent_count(tmp_path: Path, mode:
     shown = memscope("oom", str(db)).stdout
     assert "breakdown at the failure (step 2): parameters" in shown
     assert "for comparison, profiled step 1:" in shown
+    html = tmp_path / "report.html"
+    assert memscope("report", str(db), "--html", str(html)).returncode == 0
+    page = html.read_text()
+    assert "At the peak <small>(at the OOM in step 2" in page
+    assert "<th>live at the failure (step 2)</th>" in page
 
 
 def test_caught_forward_oom_in_step_0_by_module(tmp_path: Path) -> None:

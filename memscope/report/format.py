@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from memscope.analysis.summary import Peak
+
 
 def iso(ts: float | None) -> str | None:
     if ts is None:
@@ -14,3 +16,17 @@ def iso(ts: float | None) -> str | None:
 
 def clock(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def breakdown_source(peak: Peak) -> str:
+    """Which moment the peak's breakdown is from: a profiled step is not always the peak's."""
+    step, peak_step = peak.breakdown_step, peak.step
+    if peak.breakdown_at_failure:
+        return f" (at the OOM in step {step}; other: the peak minus these)"
+    if step is None:
+        return " (step not recorded)"
+    if step == peak_step:
+        return f" (measured at step {step}, the peak's step)"
+    if peak_step is None:
+        return f" (measured at profiled step {step})"
+    return f" (measured at profiled step {step}, not at the peak's step {peak_step})"

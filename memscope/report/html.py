@@ -21,7 +21,7 @@ from memscope.analysis.oom import OomReport, advice
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, memory_timeline
-from memscope.report.format import clock
+from memscope.report.format import breakdown_source, clock
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
@@ -215,8 +215,8 @@ def _breakdown(s: RunSummary) -> str:
                   f'title="{esc(k)}"></span>' for k, v in bd.items())
     keys = " ".join(f'<span class="key"><i style="background:{colors[k]}"></i>{esc(k.replace("_", " "))} '
                     f"{esc(human_bytes(v))}</span>" for k, v in bd.items())
-    return (f'<h2>At the peak</h2><div class="bar">{bar}</div>'
-            f'<div class="legend">{keys}</div>')
+    return (f'<h2>At the peak <small>{esc(breakdown_source(s.peak).strip())}</small></h2>'
+            f'<div class="bar">{bar}</div><div class="legend">{keys}</div>')
 
 
 def _oom(r: OomReport | None) -> str:
@@ -231,6 +231,12 @@ def _oom(r: OomReport | None) -> str:
         facts.append(("requested", human_bytes(r.requested_bytes)))
     if r.live_bytes is not None:
         facts.append(("live", human_bytes(r.live_bytes)))
+    bd = r.breakdown
+    if bd:  # what was live at the failure, or at the last profiled step before it (said which)
+        when = (f"at the failure (step {r.step})" if r.breakdown_at_failure
+                else f"at profiled step {r.breakdown_step}")
+        facts.append((f"live {when}", " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
+                                                 for k, v in bd.items())))
     if r.others:
         facts.append(("", f"{r.others} more out-of-memory error(s) after this one"))
     fixes = "".join(f"<li>{esc(a)}</li>" for a in advice(r))

@@ -9,7 +9,7 @@ from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
-from memscope.report.format import clock
+from memscope.report.format import breakdown_source, clock
 from memscope.units import human_bytes
 
 _METRIC = {"rss": "host RSS", "cuda_allocated": "CUDA allocated"}
@@ -52,7 +52,7 @@ def render_summary(s: RunSummary) -> str:
     if s.peak.breakdown:
         bd = s.peak.breakdown
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
-                                               for k, v in bd.items()) + _breakdown_source(s))
+                                               for k, v in bd.items()) + breakdown_source(s.peak))
     if s.oom is not None and s.oom.kind == "oom":
         where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
@@ -69,20 +69,6 @@ def render_summary(s: RunSummary) -> str:
     lines.extend(render_leaks(s))
     lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)
-
-
-def _breakdown_source(s: RunSummary) -> str:
-    """Which step the breakdown is from: a profiled step is not always the peak's."""
-    step, peak_step = s.peak.breakdown_step, s.peak.step
-    if s.peak.breakdown_at_failure:
-        return f" (at the OOM in step {step}; other: the peak minus these)"
-    if step is None:
-        return " (step not recorded)"
-    if step == peak_step:
-        return f" (measured at step {step}, the peak's step)"
-    if peak_step is None:
-        return f" (measured at profiled step {step})"
-    return f" (measured at profiled step {step}, not at the peak's step {peak_step})"
 
 
 def _end(s: RunSummary) -> str:
