@@ -88,3 +88,43 @@ def test_existing_file_is_refused(tmp_path: Path) -> None:
         memscope.start(str(db), force=True)
     assert "--force" not in str(info.value)
     assert db.read_text() == "keep me"
+
+
+REFUSED = """
+import sys
+import threading
+import memscope
+import memscope.store.writer as writer
+from memscope.store.schema import RunFileError
+
+connect = writer.connect_rw
+
+
+def refuse(*args, **kwargs):  # the agent's writer thread finds the file unusable
+    if threading.current_thread().name == "memscope-writer":
+        raise RunFileError("injected: the run file refuses the writer")
+    return connect(*args, **kwargs)
+
+
+writer.connect_rw = refuse
+with memscope.profile(sys.argv[1]):
+    for _ in range(3):
+        memscope.step()
+print("trained")
+"""
+
+
+def test_a_record_lost_by_the_writer_is_said_on_stderr(tmp_path: Path) -> None:
+    """attach's supervisor reports an incomplete record; an API run says it itself, once, and
+    the script's own output and exit status are untouched."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "refused.py"
+    script.write_text(REFUSED)
+    db = tmp_path / "refused.db"
+    out = subprocess.run([sys.executable, str(script), str(db)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "trained\n", out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("memscope:")]
+    assert len(lines) == 1 and "the record is incomplete: cannot open run file: injected" in lines[0], out.stderr
+    assert str(db) in lines[0]

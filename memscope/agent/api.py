@@ -50,8 +50,12 @@ def start_from_env() -> Agent:
 
 def stop() -> None:
     with _lock:
-        if _agent is not None:
+        if _agent is not None and _agent.running:
             _agent.stop()
+            problem = _agent.recording_problem() if _agent.owns_run else None
+            if problem:  # attach's supervisor says this itself; an API run has no one else to
+                print(f"memscope: warning: {_agent.db}: the record is incomplete: {problem}",
+                      file=sys.stderr)
 
 
 def step() -> None:

@@ -437,6 +437,16 @@ class Agent:
 
     # -- events and the final row --------------------------------------------------------------
 
+    def recording_problem(self) -> str | None:
+        """Why this process's record is incomplete (the file never opened, structure rows lost),
+        or None; shed samples are not a problem (the report counts them)."""
+        w = self._writer
+        if w.error is not None:
+            return f"{w.error}; {w.dropped} rows were not recorded"
+        if w.dropped_structure:
+            return f"{w.dropped_structure} rows were lost ({w.last_error or 'the writer fell behind'})"
+        return None
+
     def event(self, kind: str, message: str, data: Any = None) -> None:
         self._writer.insert("events", {"proc": self.proc_id, "t": time.time(),
                                        "step": self._tracker.step, "kind": kind,
