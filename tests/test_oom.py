@@ -103,34 +103,12 @@ def test_backward_oom(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM steps WHERE status = 'failed'").fetchone()[0] == 0
 
 
-FINDER = '''
-import torch, torch.nn as nn, torch.nn.functional as F
-class Wide(nn.Module):
-    def forward(self, x):
-        if x.shape[0] > 16:  # stands for "does not fit": a real allocator failure
-            torch.empty(2 ** 50)
-        return x
-model = nn.Sequential(nn.Linear(8, 8), Wide(), nn.Linear(8, 2))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-batch, steps = 64, 0
-while steps < 6:
-    try:
-        loss = F.cross_entropy(model(torch.randn(batch, 8)), torch.randint(0, 2, (batch,)))
-    except RuntimeError as exc:
-        if "can't allocate memory" not in str(exc):
-            raise
-        batch //= 2  # batch-size finder: halve until it fits
-        continue
-    loss.backward(); opt.step(); opt.zero_grad(); steps += 1
-print("batch", batch)
-'''
 
 
 def test_caught_forward_oom_batch_size_finder(tmp_path: Path) -> None:
-    script = tmp_path / "finder.py"
-    script.write_text(FINDER)
     db = tmp_path / "f.db"
-    out = attach(db, "--layers-every", "1", "--layers-first", "0", "--catch-forward-oom", str(script))
+    out = attach(db, "--layers-every", "1", "--layers-first", "0", "--catch-forward-oom",
+                 str(SCRIPTS / "batch_finder.py"), "64", "0")
     assert out.returncode == 0, out.stderr
     assert "batch 16" in out.stdout
     report = report_json(db)
@@ -142,16 +120,10 @@ def test_caught_forward_oom_batch_size_finder(tmp_path: Path) -> None:
         assert conn.execute("SELECT count(*) FROM events WHERE kind = 'oom' AND step = 0").fetchone()[0] == 2
 
 
-FINDER_LATE = FINDER.replace("batch, steps = 64, 0", "batch, steps = 8, 0").replace(
-    "    loss.backward(); opt.step(); opt.zero_grad(); steps += 1",
-    "    loss.backward(); opt.step(); opt.zero_grad(); steps += 1\n    if steps == 3: batch = 64")
-
-
 def test_caught_forward_oom_after_root_known(tmp_path: Path) -> None:
-    script = tmp_path / "finder2.py"
-    script.write_text(FINDER_LATE)
     db = tmp_path / "f2.db"
-    out = attach(db, "--layers-every", "1", "--layers-first", "0", "--catch-forward-oom", str(script))
+    out = attach(db, "--layers-every", "1", "--layers-first", "0", "--catch-forward-oom",
+                 str(SCRIPTS / "batch_finder.py"), "8", "3")
     assert out.returncode == 0, out.stderr
     report = report_json(db)
     assert report["run"]["exit_code"] == 0 and report["run"]["steps"] == 6

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from conftest import memscope, report_json
+from conftest import SCRIPTS, memscope, report_json
 
 # A training loop that fails at step FAIL_STEP in MODE (forward: module ``boom``; backward: a
 # custom Function's backward; optimizer: its step) and writes its own count of what is live.
@@ -245,36 +245,12 @@ def test_caught_forward_oom_in_step_0_by_module(tmp_path: Path) -> None:
     assert "seen by a forward hook, as it unwound" in text
 
 
-FINDER = '''
-import sys, torch, torch.nn as nn, torch.nn.functional as F
-class Wide(nn.Module):
-    def forward(self, x):
-        if x.shape[0] > 16:  # stands for "does not fit": a real allocator failure
-            torch.empty(2 ** 50)
-        return x
-model = nn.Sequential(nn.Linear(8, 8), Wide(), nn.Linear(8, 2))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-batch, steps = int(sys.argv[1]), 0
-while steps < 6:
-    try:
-        loss = F.cross_entropy(model(torch.randn(batch, 8)), torch.randint(0, 2, (batch,)))
-    except RuntimeError as exc:
-        if "can't allocate memory" not in str(exc):
-            raise
-        batch //= 2  # batch-size finder: halve until it fits
-        continue
-    loss.backward(); opt.step(); opt.zero_grad(); steps += 1
-    if steps == int(sys.argv[2]):
-        batch = 64  # a second search, later in the run
-print("batch", batch)
-'''
 
 
 @pytest.mark.parametrize("flag", [[], ["--catch-forward-oom"]])
 def test_batch_size_finder_in_step_0(tmp_path: Path, flag: list[str]) -> None:
     """Lightning's BatchSizeFinder pattern before any step completed: seen at default options."""
-    script = tmp_path / "finder.py"
-    script.write_text(FINDER)
+    script = SCRIPTS / "batch_finder.py"
     db = tmp_path / "f.db"
     out = attach(db, *flag, str(script), "64", "0")
     assert out.returncode == 0 and "batch 16" in out.stdout, out.stderr
@@ -289,8 +265,7 @@ def test_batch_size_finder_in_step_0(tmp_path: Path, flag: list[str]) -> None:
 def test_finder_later_in_the_run(tmp_path: Path) -> None:
     """A search at step 3 with little memory in use: the default hooks are not armed there, so
     only --catch-forward-oom sees it (a hook on the root model, every step)."""
-    script = tmp_path / "finder.py"
-    script.write_text(FINDER)
+    script = SCRIPTS / "batch_finder.py"
     plain, hooked = tmp_path / "plain.db", tmp_path / "hooked.db"
     assert attach(plain, "--layers-every", "0", str(script), "8", "3").returncode == 0
     from memscope.agent.oom_hooks import ARM_SHARE, host_limits, host_share
