@@ -92,6 +92,53 @@ def test_whole_model_in_bf16_is_not_told_to_use_mixed_precision(runs: Any) -> No
     assert {"activation_checkpointing", "gradient_accumulation"} <= set(got)
 
 
+def test_float64_model_is_told_float32_not_autocast(runs: Any) -> None:
+    """autocast casts only float32 tensors: a float64 model would gain nothing from it."""
+    db = runs("mlp_fp64", str(SCENARIOS / "mlp.py"), "--dtype", "fp64")
+    got = by_technique(suggestions(db))
+    assert "single_precision" in got and "mixed_precision" not in got
+    bd = breakdown(db)
+    states = bd["parameters"] + bd["gradients"] + bd["optimizer_state"]
+    # every parameter and activation is float64: float32 halves them all
+    assert abs(got["single_precision"].estimated_saving_bytes - (states + bd["activations"]) / 2) < 1024
+    assert "float64" in got["single_precision"].evidence and ".double()" in got["single_precision"].how
+    # the float32 model of the same script is told autocast, not float32
+    assert "single_precision" not in by_technique(suggestions(runs("mlp", str(SCENARIOS / "mlp.py"))))
+
+
+def test_lbfgs_closure_is_not_gradient_accumulation(runs: Any) -> None:
+    """LBFGS evaluates the loss through a closure inside optimizer.step() (20 forwards a step):
+    those are not micro-batches the script accumulates, and its history is optimizer state
+    (lists of flat parameter copies), growing by design, never a leak."""
+    db = runs("mlp_lbfgs", str(SCENARIOS / "mlp.py"), "--optimizer", "lbfgs", "--batch", "8192")
+    report = report_json(db)
+    n = report["hotspots_closure_forwards"]
+    assert report["hotspots_micro_batches"] == n >= 2  # max_iter=20: fewer once it has converged
+    bd = report["peak"]["breakdown"]
+    assert bd["optimizer_state"] > 20 * bd["parameters"]  # old_dirs / old_stps lists counted
+    assert report["leaks"] == [] and report["leak_check"]["verdict"] == "ok"
+    got = by_technique(suggestions(db))
+    assert "inside the closure" in got["gradient_accumulation"].how
+    assert "already accumulates" not in got["gradient_accumulation"].how
+    assert "history_size=10" in got["lighter_optimizer"].how
+    assert got["lighter_optimizer"].estimated_saving_bytes == bd["optimizer_state"] - 22 * bd["parameters"]
+    text = memscope("layers", str(db)).stdout
+    assert f"{n} evaluations of the optimizer's closure" in text.splitlines()[0]
+    assert "per micro-batch" not in memscope("report", str(db)).stdout
+
+
+def test_lbfgs_history_growing_all_run_is_not_a_leak(runs: Any) -> None:
+    """At default options, a history still filling up at the end of the run (3 iterations a
+    step, 100 pairs kept): it grows steadily, but it is the optimizer's own state."""
+    db = runs("mlp_lbfgs3", str(SCENARIOS / "mlp.py"), "--optimizer", "lbfgs", "--lbfgs-iter", "3",
+              "--steps", "12", options=())
+    report = report_json(db)
+    assert report["leaks"] == [] and report["leak_check"]["verdict"] == "ok"
+    out = memscope("leaks", str(db), "--json")
+    grew = [g for g in json.loads(out.stdout)["diff"] if g["bytes_delta"] > 0]
+    assert grew and all(g["category"] == "optimizer_state" for g in grew), grew
+
+
 def test_attention_materialising_scores(runs: Any) -> None:
     b, heads, n, layers = 8, 4, 256, 2
     db = runs("gpt256", str(EXAMPLES / "tiny_gpt.py"), "--steps", "3", "--seq", str(n),

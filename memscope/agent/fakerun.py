@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memscope.agent.config import AgentOptions
 from memscope.agent.fake_ledger import Accounting, Ledger
+from memscope.agent.optimizer_state import optimizer_state_tensors
 
 DEFAULT_GPU = 80 << 30  # what the pretend GPU says it has when the request names no size
 
@@ -129,11 +130,8 @@ class FakeRun:
         for p in params.values():
             if p.grad is not None:
                 count(p.grad, "gradients")
-        for opt in list(self.optimizers):
-            for state in opt.state.values():
-                for v in state.values() if isinstance(state, dict) else ():
-                    if isinstance(v, torch.Tensor):
-                        count(v, "optimizer_state")
+        for v in optimizer_state_tensors(self.optimizers):
+            count(v, "optimizer_state")
         return totals
 
     def _claim_grads(self) -> None:

@@ -83,6 +83,7 @@ from memscope.agent.compiled import (
     shield,
 )
 from memscope.agent.module_names import dotted_names, outermost
+from memscope.agent.optimizer_state import optimizer_state_tensors
 
 NO_MODULE = "<no module>"
 
@@ -165,9 +166,14 @@ def _storage_key(t: torch.Tensor) -> tuple[int, int]:
 class LayerProfiler:
     """One profiled step's accounting. ``begin`` and ``end`` run on the training thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_optimizer: Callable[[], bool] | None = None) -> None:
         self.active = False
         self.step: int | None = None
+        # whether the training thread is inside optimizer.step() (the agent's phase): forwards
+        # there are a closure's evaluations (LBFGS), not micro-batches the script accumulates
+        self._in_optimizer = in_optimizer or (lambda: False)
+        self.closure_forwards = 0  # micro-batches of the step that began inside optimizer.step()
+        self._micro_open = False  # the micro-batch in progress has had its first forward
         self._handles: list[Any] = []
         self._saved_ctx: Any = None
         self._saved_thread: int | None = None
@@ -211,6 +217,8 @@ class LayerProfiler:
         self._stats = {}
         self._no_module = ModuleStats(NO_MODULE, "")
         self.micro_batches = 1
+        self.closure_forwards = 0
+        self._micro_open = False
         self._bw_seen = False
         self._best = _Micro()
         self._best_total = -1
@@ -446,6 +454,9 @@ class LayerProfiler:
             if parent is None and counted:
                 if self._bw_seen:
                     self._next_micro()  # a forward after a backward: the next micro-batch
+                if not self._micro_open:
+                    self._micro_open = True
+                    self.closure_forwards += bool(self._in_optimizer())
                 if root_id not in self._step_roots:
                     self._see_root(module)
             if first and region is not None:
@@ -529,6 +540,7 @@ class LayerProfiler:
         self._fold_micro()
         self.micro_batches += 1
         self._bw_seen = False
+        self._micro_open = False
 
     def _fold_micro(self) -> None:
         """End of a micro-batch. The rows are one micro-batch's, never a sum over those of a
@@ -819,10 +831,7 @@ class LayerProfiler:
         out = {"parameters": sum(add(p) for p in params),
                "gradients": sum(add(getattr(p, "grad", None)) for p in params),
                "optimizer_state": 0, "activations": int(self.max_live)}
-        for opt in optimizers:
-            for state in list(getattr(opt, "state", {}).values()):
-                if isinstance(state, dict):
-                    out["optimizer_state"] += sum(add(v) for v in list(state.values()))
+        out["optimizer_state"] = sum(add(v) for v in optimizer_state_tensors(optimizers))
         return out
 
 

@@ -32,6 +32,7 @@ import weakref
 from typing import Any, Iterable
 
 from memscope.agent.inventory.graph import saved_attr_names
+from memscope.agent.optimizer_state import optimizer_state_tensors
 
 MAX_SECONDS = 3.0  # wall time for the whole census (typically tens of milliseconds)
 MAX_NODES = 400_000  # autograd graph nodes walked
@@ -227,11 +228,8 @@ def _census(torch: Any, device: str, optimizers: list[Any], roots: list[tuple[An
             g = None
         if g is not None:
             c.add("gradients", g)
-    for opt in optimizers:
-        for state in list(getattr(opt, "state", {}).values()):
-            if isinstance(state, dict):
-                for v in list(state.values()):
-                    c.add("optimizer_state", v)
+    for v in optimizer_state_tensors(optimizers):
+        c.add("optimizer_state", v)
     del params, optimizers
 
     # 2. the autograd graphs of the live tensors: what they saved for backward

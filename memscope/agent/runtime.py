@@ -73,7 +73,7 @@ class Agent:
         self._nvml_enabled = options.nvml
         self._nvml_last = 0.0
         self._layers_enabled = options.layers_every > 0
-        self._layers = LayerProfiler()
+        self._layers = LayerProfiler(in_optimizer=lambda: self._tracker.phase == "optimizer")
         self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
@@ -198,6 +198,11 @@ class Agent:
                     "forward_s": r.forward_s, "backward_s": r.backward_s,
                     "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak,
                     "micro_batches": self._layers.micro_batches})
+            closure, micro = self._layers.closure_forwards, self._layers.micro_batches
+            if closure:
+                self.event("closure", f"step {step}: {closure} of its {micro} forwards ran inside "
+                           "optimizer.step() (a closure the optimizer evaluates, as LBFGS does)",
+                           {"step": step, "forwards": closure, "micro_batches": micro})
             if self._layers.saved_hooks_error is None:
                 bd = self._layers.breakdown(list(self._tracker.optimizers))
                 self._writer.insert("step_breakdown", {"proc": self.proc_id, "step": step, **bd})

@@ -121,10 +121,28 @@ def micro_batches(rows: Iterable[dict[str, Any]]) -> int | None:
     return max(counts) if counts else None
 
 
-def micro_batch_note(count: int | None) -> str:
-    """The words that say a table's figures are per micro-batch ("" without accumulation)."""
+def closure_forwards(reader: RunReader, proc: int | None, step: int | None) -> int:
+    """How many of the step's micro-batches were forwards inside optimizer.step(): a closure
+    the optimizer evaluates (LBFGS), the agent's ``closure`` event; 0 when none were."""
+    if step is None:
+        return 0
+    for e in reader.events("closure"):
+        d = e["data"] or {}
+        if d.get("step") == step and (proc is None or e["proc"] == proc):
+            return int(d.get("forwards") or 0)
+    return 0
+
+
+def micro_batch_note(count: int | None, closure: int = 0) -> str:
+    """The words that say a table's figures are per micro-batch ("" without accumulation), or
+    per evaluation of an optimizer's closure."""
     if count is None or count <= 1:
         return ""
+    if closure >= count:
+        return f"per forward ({count} evaluations of the optimizer's closure in the step; the one that saved the most)"
+    if closure:
+        return (f"per micro-batch ({count} in the step, {closure} of them evaluations of the "
+                "optimizer's closure; the one that saved the most)")
     return f"per micro-batch ({count} in the step; the one that saved the most)"
 
 

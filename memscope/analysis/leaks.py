@@ -15,6 +15,8 @@ has fewer: "no leaks" is never said without having looked).
   (no pause of two inventories or more longer than any spacing between its rises: a warm-up that
   fills then stays, or a bounded buffer, plateaus), at a steady rate (the second half's rate within
   ``MAX_RATE_RATIO`` of the first's: not a one-time jump).
+* Optimizer state is never a leak: it is what the optimizer keeps by design, bounded by its
+  settings (LBFGS's history grows for ``history_size`` iterations, then stays).
 * With resets, growth must persist across cycles: the last low (after the last reset) is above
   the low before it and above everything the first complete cycle held. A fill-and-clear
   buffer's lows never climb over a full buffer, whatever step the run ends on or however the
@@ -227,6 +229,8 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                 d[f] = h[f]
     out: list[Leak] = []
     for sig, pts in series(steps, rows).items():
+        if sig[0] == "optimizer_state":
+            continue  # the optimizer's own, bounded by its settings (LBFGS's history_size)
         g = growth(pts)
         if g is None or g.bytes_per_step < 1:
             continue

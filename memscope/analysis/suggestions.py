@@ -87,6 +87,7 @@ class Facts:
     basis: str = "at the peak"  # the moment the numbers describe
     device_total: int | None = None  # the GPU's memory (NVML), or the --simulate-gpu cap
     micro_batches: int | None = None  # forwards per optimizer step in the profiled step (accumulation)
+    closure_forwards: int = 0  # of those, evaluations of an optimizer's closure (LBFGS)
 
     @property
     def layer_source(self) -> str:
@@ -186,7 +187,7 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
                  tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
-                 micro_batches=s.hotspot_micro_batches)
+                 micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards)
 
 
 def _allocator_facts(reader: RunReader, s: RunSummary) -> tuple[dict[str, Any] | None, bool]:
@@ -228,6 +229,8 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
     fp32_params = sum(g["bytes"] for g in f.param_groups if g["dtype"] in ("float32", "float64"))
     if pbytes and fp32_params < 0.5 * pbytes:
         return []  # the model itself is 16-bit already
+    if _float64_share(f) >= 0.5:
+        return []  # autocast casts only float32 tensors: single_precision comes first
     low = sum(b for d, b in f.activation_dtypes.items() if d in LOW_PRECISION)
     if low and low >= 0.5 * sum(f.activation_dtypes.values()):
         return []  # activations seen at step boundaries are 16-bit: autocast is on
@@ -277,6 +280,38 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         "GradScaler. With fp16 instead (GPUs without bf16), add `scaler = torch.amp.GradScaler()`: "
         "`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`. "
         "Weights, gradients and optimizer state stay fp32.")]
+
+
+def _float64_share(f: Facts) -> float:
+    """The share of the parameters' bytes that are float64 (0 without an inventory)."""
+    pbytes = sum(g["bytes"] for g in f.param_groups)
+    return sum(g["bytes"] for g in f.param_groups if g["dtype"] == "float64") / pbytes if pbytes else 0.0
+
+
+def single_precision(f: Facts) -> list[Suggestion]:
+    """A float64 model (``.double()``, ``set_default_dtype(torch.float64)``): autocast leaves
+    float64 tensors alone, so mixed precision would change nothing; float32 halves the float64
+    share of the parameters, gradients and optimizer state, and the float64 activations."""
+    share = _float64_share(f)
+    if share < 0.5:
+        return []
+    acts = sum(f.activation_dtypes.values())
+    act_share = f.activation_dtypes.get("float64", 0) / acts if acts else share
+    states = int((f.parameters + f.gradients + f.optimizer_state) * share)
+    activations = int(f.activations * act_share)
+    saving = (states + activations) // 2
+    if saving <= 0 or f.share(saving) < MIN_SHARE:
+        return []
+    return [Suggestion(
+        "single_precision", saving,
+        f"{share:.0%} of the parameters are float64, and {act_share:.0%} of the activations; "
+        f"autocast casts only float32 tensors, so mixed precision would change nothing here; "
+        f"float32 halves {_b(states)} of parameters, gradients and optimizer state and "
+        f"{_b(activations)} of activations {f.basis}",
+        "build the model and its inputs in float32 (drop `.double()`, `dtype=torch.float64`, "
+        "`torch.set_default_dtype(torch.float64)`) and check the loss still converges (float32 "
+        "keeps about 7 significant digits); autocast (mixed_precision) can then halve the "
+        "activations again")]
 
 
 def _working_set(f: Facts) -> int:
@@ -514,8 +549,14 @@ def gradient_accumulation(f: Facts) -> list[Suggestion]:
         return []
     k = ACCUMULATION
     saving = f.activations - f.activations // k
-    n = f.micro_batches or 1
-    if n > 1:  # the script already accumulates: more, smaller micro-batches
+    n = max(1, (f.micro_batches or 1) - f.closure_forwards)  # the script's own micro-batches
+    if f.closure_forwards:  # LBFGS-style: the optimizer re-evaluates the whole loss in a closure
+        how = (f"the optimizer evaluates a closure ({f.closure_forwards} forwards in the step, each "
+               f"of the whole batch): inside the closure, run the batch in {k} parts and call "
+               f"`(loss_fn(model(part), target_part) / {k}).backward()` on each, returning the "
+               "summed loss: the optimizer sees the same loss and gradients (up to BatchNorm "
+               "statistics), at the cost of smaller, slower matmuls")
+    elif n > 1:  # the script already accumulates: more, smaller micro-batches
         how = (f"the script already accumulates {n} micro-batches per optimizer step: divide the "
                f"micro-batch by {k} and accumulate {n * k} (each loss divided by {n * k}): the same "
                "effective batch and the same gradients (up to BatchNorm statistics), at the cost of "
@@ -573,6 +614,8 @@ def lighter_optimizer(f: Facts) -> list[Suggestion]:
     ratio = f.optimizer_state / trainable
     if ratio < ADAM_RATIO:
         return []
+    if f.closure_forwards and ratio > 2 * ADAM_RATIO:
+        return _shorter_history(f, trainable, ratio)
     saving = f.optimizer_state - trainable
     return [Suggestion(
         "lighter_optimizer", saving,
@@ -583,6 +626,33 @@ def lighter_optimizer(f: Facts) -> list[Suggestion]:
         "its own learning-rate tuning); to keep Adam's behaviour, 8-bit Adam "
         "(bitsandbytes.optim.AdamW8bit, CUDA) saves about 3/4 of the state, and a factored optimizer "
         "(Adafactor: transformers.optimization.Adafactor) nearly all of it")]
+
+
+LBFGS_DEFAULT_HISTORY = 100  # torch.optim.LBFGS's history_size
+LBFGS_SHORT_HISTORY = 10  # what lighter_optimizer proposes instead
+
+
+def _shorter_history(f: Facts, trainable: int, ratio: float) -> list[Suggestion]:
+    """A closure optimizer whose state is many copies of the parameters: LBFGS keeps two flat
+    vectors per iteration (``old_dirs``, ``old_stps``) up to ``history_size``, plus two working
+    ones (``d``, ``prev_flat_grad``). The history grows for the first 100 iterations, so the
+    state measured early in a run is not yet its largest."""
+    pairs = max(0, round((ratio - 2) / 2))
+    kept = (2 * LBFGS_SHORT_HISTORY + 2) * trainable
+    full = (2 * LBFGS_DEFAULT_HISTORY + 2) * trainable
+    saving = f.optimizer_state - kept
+    if saving <= 0 or f.share(saving) < MIN_SHARE:
+        return []
+    grows = (f"; it keeps growing to about {_b(full)} at the default history_size of "
+             f"{LBFGS_DEFAULT_HISTORY}" if pairs < LBFGS_DEFAULT_HISTORY else "")
+    return [Suggestion(
+        "lighter_optimizer", saving,
+        f"optimizer state {_b(f.optimizer_state)} is {ratio:.0f}x the {_b(trainable)} of trainable "
+        f"parameters and the optimizer evaluates a closure: a history of flat copies of the "
+        f"parameters (LBFGS: two per iteration, {pairs} pairs so far){grows}",
+        f"torch.optim.LBFGS(params, history_size={LBFGS_SHORT_HISTORY}) bounds it at "
+        f"{2 * LBFGS_SHORT_HISTORY + 2} copies of the parameters ({_b(kept)}); a shorter history "
+        "approximates the curvature less well: check that the loss still converges")]
 
 
 def optimizer_offload(f: Facts) -> list[Suggestion]:
@@ -732,7 +802,7 @@ def fit_plan(f: Facts) -> list[Suggestion]:
 
 
 RULES: list[Callable[[Facts], list[Suggestion]]] = [
-    mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
+    single_precision, mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
     lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config, fit_plan,
 ]
 

@@ -18,6 +18,7 @@ from memscope.analysis.hotspots import (
     Hotspot,
     breakdown_at,
     choose_step,
+    closure_forwards,
     hotspots,
     layer_rows,
     micro_batches,
@@ -65,6 +66,8 @@ class RunSummary:
     hotspot_step: int | None = None  # the profiled step the hotspots come from
     # micro-batches in that step (the hotspots are per micro-batch); None: a file before schema 7
     hotspot_micro_batches: int | None = None
+    # of those, forwards inside optimizer.step(): a closure the optimizer evaluates (LBFGS)
+    hotspot_closure_forwards: int = 0
     main_proc: int | None = None  # rank 0, or the process with the most steps
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     leak_check: LeakCheck = field(default_factory=lambda: LeakCheck(0, MIN_INVENTORIES))  # enough inventories?
@@ -96,6 +99,7 @@ def summarize(reader: RunReader) -> RunSummary:
     spots: list[Hotspot] = []
     spot_step = None
     spot_micro = None
+    spot_closure = 0
     if main is not None:
         layer_steps = [st for _, st in profiled_steps(reader, main["id"])]
         spot_step = choose_step(layer_steps, peak.step if peak.proc in (None, main["id"]) else None)
@@ -103,6 +107,7 @@ def summarize(reader: RunReader) -> RunSummary:
             spot_rows = layer_rows(reader, main["id"], spot_step)
             spots = [h for h in hotspots(spot_rows) if h.activation_bytes > 0]
             spot_micro = micro_batches(spot_rows)
+            spot_closure = closure_forwards(reader, main["id"], spot_step)
         peak.breakdown = breakdown_at(reader, peak.proc if peak.proc is not None else main["id"],
                                       peak.step, peak.bytes)
         peak.breakdown_step = _breakdown_step(reader, peak.proc if peak.proc is not None else main["id"],
@@ -129,6 +134,7 @@ def summarize(reader: RunReader) -> RunSummary:
         hotspots=spots,
         hotspot_step=spot_step,
         hotspot_micro_batches=spot_micro,
+        hotspot_closure_forwards=spot_closure,
         main_proc=main["id"] if main else None,
         leaks=leaks_of(reader, main["id"] if main else None),
         leak_check=leak_check(reader, main["id"] if main else None),

@@ -9,6 +9,7 @@ from memscope.analysis.hotspots import (
     choose_step,
     hotspots,
     layer_rows,
+    closure_forwards,
     micro_batch_note,
     micro_batches,
     profiled_steps,
@@ -52,15 +53,16 @@ def run(args: argparse.Namespace) -> int:
         rows = layer_rows(reader, proc, step)  # type: ignore[arg-type]
         spots = hotspots(rows, args.depth)
         micro = micro_batches(rows)
+        closure = closure_forwards(reader, proc, step)
     if args.json:
         print(json.dumps({"step": step, "depth": args.depth, "profiled_steps": steps,
-                          "micro_batches": micro, "modules": [
+                          "micro_batches": micro, "closure_forwards": closure, "modules": [
             {"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
              "share": round(h.share, 4), "output_bytes": h.output_bytes,
              "forward_s": h.forward_s, "backward_s": h.backward_s, "alloc_peak": h.alloc_peak,
              "calls": h.calls} for h in spots]}, indent=2))
     else:
-        per = micro_batch_note(micro)
+        per = micro_batch_note(micro, closure)
         print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})"
               + (f" · {per}" if per else ""))
         print(render_hotspots(spots))

@@ -50,6 +50,8 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
         # schema 7, whose hotspots are summed over the step)
         "hotspots_step": s.hotspot_step,
         "hotspots_micro_batches": s.hotspot_micro_batches,
+        # additive: how many of those were evaluations of an optimizer's closure (LBFGS)
+        "hotspots_closure_forwards": s.hotspot_closure_forwards,
         # Filled by later capabilities (leak detection, OOM post-mortem, suggestions);
         # present now so consumers can rely on the keys.
         "leaks": [lk.as_json() for lk in s.leaks],

@@ -62,7 +62,7 @@ def render_summary(s: RunSummary) -> str:
     if len(s.ranks) > 1:
         lines.extend(render_ranks(s.ranks, _METRIC.get(s.peak.metric, s.peak.metric)))
     if s.hotspots:
-        per = micro_batch_note(s.hotspot_micro_batches)
+        per = micro_batch_note(s.hotspot_micro_batches, s.hotspot_closure_forwards)
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
                      + (f", {per}" if per else "") + " (memscope layers RUN.db for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))

@@ -50,6 +50,7 @@ class Tracker:
 probe = make_probe()
 callbacks = [Recorder().add]  # a bound method: the instance is reached through it only
 tracker = Tracker()  # an instance attribute
+per_param = {}  # a dict keyed by a parameter, as opt.state is
 
 
 def train(steps):
@@ -70,6 +71,7 @@ def train(steps):
         callbacks[0](torch.zeros(4, 105))
         tracker.history.append(torch.zeros(4, 106))
         leakmod.keep(torch.zeros(4, 107))
+        per_param.setdefault(model[0].weight, []).append(torch.zeros(4, 108))
         losses.append(loss)  # the loss tensor (and its graph's nodes), not loss.item()
 
 

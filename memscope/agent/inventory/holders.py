@@ -47,10 +47,22 @@ def render(parts: Path) -> str:
         if kind == "attr":
             out.append(f".{v}")
         elif kind == "key":
-            out.append(f"[{v!r}]")
+            out.append(f"[{_key_text(v)}]")
         elif kind == "index":
             out.append(f"[{v}]")
     return "".join(out)
+
+
+def _key_text(k: Any) -> str:
+    """A dict key as code would write it; a tensor key (``opt.state[param]``) as its type,
+    dtype and shape: its repr is the whole tensor, printed over many lines."""
+    if k is None or isinstance(k, (str, int, float, bool)):
+        return repr(k)
+    shape = getattr(k, "shape", None)
+    if shape is not None and hasattr(k, "dtype"):
+        return f"<{type(k).__name__} {str(k.dtype).removeprefix('torch.')} {list(shape)}>"
+    text = repr(k)
+    return text if len(text) <= 60 and "\n" not in text else f"<{type(k).__name__}>"
 
 
 def _as_attrs(parts: Path) -> Path:

@@ -28,6 +28,7 @@ import torch
 from memscope.agent.inventory.graph import GraphWalker
 from memscope.agent.inventory.holders import find_holders
 from memscope.agent.inventory.live import LiveTensors
+from memscope.agent.optimizer_state import optimizer_state_tensors
 
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
@@ -112,13 +113,11 @@ def _from_optimizers(optimizers: Iterable[Any]) -> list[tuple[str, Any]]:
     """Parameters, their gradients and optimizer state, straight from the optimizers (a .grad
     need not have a Python object of its own, so the registry alone can miss it)."""
     params: list[Any] = []
-    state: list[Any] = []
-    for opt in list(optimizers):
+    optimizers = list(optimizers)
+    for opt in optimizers:
         for group in list(getattr(opt, "param_groups", [])):
             params.extend(p for p in group.get("params", []) if isinstance(p, torch.Tensor))
-        for st in list(getattr(opt, "state", {}).values()):
-            if isinstance(st, dict):
-                state.extend(v for v in list(st.values()) if isinstance(v, torch.Tensor))
+    state = optimizer_state_tensors(optimizers)
     out = [("parameters", p) for p in params]
     out.extend(("gradients", p.grad) for p in params if p.grad is not None)
     out.extend(("optimizer_state", v) for v in state)
