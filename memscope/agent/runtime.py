@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import torch
 
-from memscope.agent import cuda
+from memscope.agent import cuda, frameworks
 from memscope.agent.compiled import compiled_seen
 from memscope.agent.config import ENV_SUPERVISOR, AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
@@ -199,7 +199,7 @@ class Agent:
                     "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak,
                     "micro_batches": self._layers.micro_batches})
             closure, micro = self._layers.closure_forwards, self._layers.micro_batches
-            if closure:
+            if closure >= 2:  # one is a wrapper's (Lightning runs training_step in a closure)
                 self.event("closure", f"step {step}: {closure} of its {micro} forwards ran inside "
                            "optimizer.step() (a closure the optimizer evaluates, as LBFGS does)",
                            {"step": step, "forwards": closure, "micro_batches": micro})
@@ -346,6 +346,8 @@ class Agent:
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
         self._layers_close(step)
+        if step == 0:  # by the first boundary the trainer driving the loop is imported
+            self._guard_call("framework", self._note_framework)
         self._tick(wait=False)
         hwm = rss_high_water_mark()
         mem = self._process.memory_info()
@@ -441,6 +443,12 @@ class Agent:
             self.event("collector_disabled", f"{name}: {type(exc).__name__}: {exc}")
 
     # -- events and the final row --------------------------------------------------------------
+
+    def _note_framework(self) -> None:
+        found = frameworks.detect()
+        if found is not None:
+            version = f" {found['version']}" if found["version"] else ""
+            self.event("framework", f"{found['label']}{version} drives the training loop", found)
 
     def recording_problem(self) -> str | None:
         """Why this process's record is incomplete (the file never opened, structure rows lost),

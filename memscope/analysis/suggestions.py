@@ -24,6 +24,7 @@ from memscope.analysis.leaks import has_inventories, suggestions as leak_suggest
 from memscope.analysis.oom import ABSURD_REQUEST, demand, fragmentation
 from memscope.analysis.unexplained import suggestion as unexplained_suggestion
 from memscope.analysis.workers import suggestion as workers_suggestion
+from memscope.analysis.frameworks import framework_how, framework_of
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.store.reader import RunReader
 
@@ -114,6 +115,7 @@ def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Sugges
     if facts is not None:
         for rule in RULES:
             out.extend(x for x in rule(facts) if x.estimated_saving_bytes >= MIN_SAVING)
+        _framework_first(out, framework_of(reader), facts)
     out.extend(Suggestion(**d) for d in leak_suggestions(s.leaks, s.steps))
     if s.unexplained is not None:
         out.append(Suggestion(**unexplained_suggestion(s.unexplained, s.steps)))
@@ -121,6 +123,17 @@ def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Sugges
         out.append(Suggestion(**workers_suggestion(s.workers)))
     out.sort(key=lambda x: (-x.estimated_saving_bytes, x.technique))
     return out
+
+
+def _framework_first(items: list[Suggestion], framework: str | None, f: Facts) -> None:
+    """Put the framework's own switch before each plain-PyTorch change it replaces."""
+    if framework is None or f.closure_forwards:
+        return  # a closure optimizer (LBFGS) is a plain loop's: the generic advice is its own
+    micro = max(1, f.micro_batches or 1)
+    for x in items:
+        way = framework_how(framework, x.technique, micro)
+        if way:
+            x.how = f"{way}; in plain PyTorch: {x.how}"
 
 
 def gather(reader: RunReader, s: RunSummary) -> Facts | None:
