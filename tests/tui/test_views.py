@@ -145,6 +145,22 @@ async def test_layers_say_per_micro_batch(tmp_path: Path) -> None:
     assert spots[0].activation_bytes == 64 * 1024 * 4  # the ReLU's output of one micro-batch
 
 
+async def test_layers_say_per_closure_evaluation(tmp_path: Path) -> None:
+    """LBFGS evaluates its closure several times inside optimizer.step(): the caption says
+    the rows are per forward of those evaluations, not per micro-batch."""
+    from conftest import EXAMPLES, memscope
+
+    db = tmp_path / "lbfgs.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "scenarios" / "mlp.py"),
+                   "--optimizer", "lbfgs", "--lbfgs-iter", "3", "--steps", "3", timeout=300)
+    assert out.returncode == 0, out.stderr
+    app = MemscopeApp(str(db))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await opened(pilot, app, "2")
+        caption = text_of(app, "#layers-caption")
+    assert "per forward (3 closure evaluations/step)" in caption and "micro-batch" not in caption
+
+
 async def test_layers_fold_by_depth_and_sort(tiny_run: Path) -> None:
     app = MemscopeApp(str(tiny_run))
     async with app.run_test(size=(80, 24)) as pilot:

@@ -15,6 +15,7 @@ from typing import Any
 from memscope.analysis.hotspots import (
     Hotspot,
     choose_step,
+    closure_forwards,
     hotspots,
     layer_rows,
     micro_batches,
@@ -69,6 +70,7 @@ class Snapshot:
     max_depth: int
     layers: list[Hotspot]
     layer_micro_batches: int | None                  # the layer step's micro-batches (rows: one each)
+    layer_closure_forwards: int                      # of those, an optimizer's closure evaluations
     inventory_steps: list[int]
     diff_from: int | None
     diff_to: int | None
@@ -119,6 +121,7 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
     depth = sel.depth if sel.depth is not None and 0 < sel.depth < max_depth else None
     layers = hotspots(raw, depth)  # '' is the whole model: shown as (model) TYPE
     micro = micro_batches(raw)
+    closure = closure_forwards(reader, proc, layer_step) if proc is not None else 0
 
     inv = inventory_steps(reader, proc) if proc is not None else []
     a = sel.diff_from if sel.diff_from in inv else (inv[0] if inv else None)
@@ -135,7 +138,8 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
         summary=summary, timeline=Timeline(proc, None, 0.0, 0.0, 0.0, 0), extra_series=[],
         steps=rows, position=position(reader, proc),
         layer_steps=layer_steps, layer_step=layer_step, depth=depth, max_depth=max_depth,
-        layers=layers, layer_micro_batches=micro, inventory_steps=inv, diff_from=a, diff_to=b, diff=groups,
+        layers=layers, layer_micro_batches=micro, layer_closure_forwards=closure,
+        inventory_steps=inv, diff_from=a, diff_to=b, diff=groups,
         breakdown_steps=done, breakdown=bd, fragmentation=fragmentation(reader, proc),
         oom_advice=advice(summary.oom) if summary.oom is not None else [],
         suggestions=suggestions, ranks=summary.ranks, imbalance=rank_imbalance(summary.ranks),

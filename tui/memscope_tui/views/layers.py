@@ -63,6 +63,8 @@ class LayersView(View):
             micro = snap.layer_micro_batches
             # gradient accumulation: a row is one micro-batch (the module's largest), not the step
             per = f"per micro-batch ({micro}/step) · " if micro is not None and micro > 1 else ""
+            if micro is not None and micro > 1 and snap.layer_closure_forwards >= micro:  # LBFGS
+                per = f"per forward ({micro} closure evaluations/step) · "
             caption.update(Text.assemble(
                 "step ", (str(snap.layer_step), "bold"),
                 f" ({len(snap.layer_steps)} profiled) · {per}{depth} · "
