@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, memscope, report_json, torchrun
+from conftest import EXAMPLES, SCRIPTS, memscope, report_json, torchrun
 from memscope.analysis.suggestions import Suggestion, checkpoint_plan, gather, suggest
 from memscope.analysis.summary import summarize
 from memscope.store.reader import RunReader
@@ -152,6 +152,18 @@ def test_attention_materialising_scores(runs: Any) -> None:
     scores = layers * (4 * b * heads * n * n + n * n)
     assert abs(got["efficient_attention"].estimated_saving_bytes - scores) <= 0.05 * scores
     assert "lighter_optimizer" not in got  # AdamW state is small next to these activations
+
+
+def test_torch_transformer_layers_are_told_about_attention_dropout(runs: Any) -> None:
+    """nn.TransformerEncoderLayer already asks nn.MultiheadAttention for no weights; on CPU its
+    attention dropout is what stores the scores (the flash kernel takes none): the advice says
+    so instead of need_weights=False, and without the dropout nothing is suggested."""
+    script = str(SCRIPTS / "torch_transformer.py")
+    got = by_technique(suggestions(runs("tt_dropout", script, "0.2", options=())))
+    how = got["efficient_attention"].how
+    assert how.startswith("torch's TransformerEncoderLayer already calls nn.MultiheadAttention")
+    assert "dropout=0.0" in how
+    assert "efficient_attention" not in by_technique(suggestions(runs("tt_nodropout", script, "0.0", options=())))
 
 
 def test_attention_through_sdpa_is_left_alone(runs: Any) -> None:
