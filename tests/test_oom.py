@@ -375,7 +375,7 @@ def test_import_built_snapshot_file(tmp_path: Path) -> None:
     assert oom["step"] is None and oom["phase"] == "other"
     text = memscope("oom", str(db))
     assert text.returncode == 0, text.stderr
-    assert "tried to allocate 1075838976 bytes" in text.stdout
+    assert "tried to allocate 1.00 GiB" in text.stdout
     assert "requested 1.00 GiB with 1.50 GiB allocated on cuda:0" in text.stdout
     assert "device free 300.00 MiB" in text.stdout
     doc = json.loads(memscope("oom", str(db), "--json").stdout)

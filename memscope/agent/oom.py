@@ -37,6 +37,7 @@ from memscope.agent import cuda
 from memscope.agent.oom_census import census
 from memscope.agent.oom_hooks import (ARM_SHARE, ArmedHooks, RootHook, alloc_conf, guard_optimizers,
                                       host_limits, host_share, unguard_optimizers)
+from memscope.units import human_bytes
 
 if TYPE_CHECKING:
     from memscope.agent.host import CollectorHost
@@ -416,7 +417,7 @@ class OomRecorder:
                     if agent.phase in ("backward", "optimizer") else "other",
                     "where": "cuda_observer", "module": None, "module_stack": [],
                     "message": f"CUDA out of memory on device {obs['device']}"
-                               f" (requested {obs['requested_bytes']} bytes)",
+                               f" (requested {human_bytes(obs['requested_bytes'])})",
                     "requested_bytes": obs["requested_bytes"], "requested_exact": True,
                     "device": f"cuda:{obs['device']}", "live_bytes": None,
                     "device_free_bytes": obs["device_free"], "device_limit_bytes": obs["device_limit"],

@@ -32,6 +32,7 @@ from memscope.store.schema import RunFileError
 from memscope.store.snapshot_data import (MAX_SNAPSHOT_BYTES, TOP_SITES, SnapshotError, Summary,
                                           load_snapshot, summarize)
 from memscope.store.writer import connect_rw
+from memscope.units import human_bytes
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SnapshotError", "import_snapshot", "load_snapshot"]
 TOP_ALLOCATED_SITES = 20  # allocated-by-site entries kept per device
@@ -133,7 +134,7 @@ def _write(path: str, snapshot_path: str, s: Summary) -> None:
     for o in s.ooms:
         dev = o["device"]
         size = o["size"]
-        message = (f"CUDA out of memory on device {dev}: tried to allocate {size} bytes"
+        message = (f"CUDA out of memory on device {dev}: tried to allocate {human_bytes(size)}"
                    " (from a memory snapshot)")
         dev_state = state.get(dev, {})
         top = s.devices[dev].allocated_sites if dev in s.devices else {}
