@@ -196,3 +196,16 @@ def test_checkpoint_plan_option_is_validated() -> None:
                 "body:2"):
         with pytest.raises(ValueError, match="checkpoint_plan"):
             AgentOptions.from_mapping({"checkpoint_plan": bad})
+
+
+def test_autocast_trial_on_a_float64_model_says_why_it_is_not_applied(tmp_path: Path) -> None:
+    """autocast casts only float32 tensors: on a float64 model the trial is not applied, and
+    the table says why instead of a measured 0 that reads as "mixed precision saves nothing"."""
+    out = memscope("whatif", "--try", "mixed_precision", "--steps", "3", "--db-dir", str(tmp_path),
+                   str(EXAMPLES / "scenarios" / "mlp.py"), "--dtype", "fp64", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "mixed_precision: not applied: the model's parameters are float64" in out.stdout
+    doc = json.loads(memscope("whatif", "--json", "--try", "mixed_precision", "--steps", "3",
+                              str(EXAMPLES / "scenarios" / "mlp.py"), "--dtype", "fp64", timeout=300).stdout)
+    (c,) = doc["trials"]
+    assert c["applied"] is False and "float64" in c["how"][0]["why"]

@@ -279,11 +279,21 @@ class _RootWatcher:
                 else:
                     self._checkpointing(module)
             except Exception as exc:
-                self.agent.event("technique", f"{technique}: not applied: {type(exc).__name__}: {exc}",
-                                 {"technique": technique, "applied": False})
+                why = f"{type(exc).__name__}: {exc}"
+                self.agent.event("technique", f"{technique}: not applied: {why}",
+                                 {"technique": technique, "applied": False, "why": why})
 
     def _mixed_precision(self, root: Any) -> None:
         param = next(root.parameters())
+        sizes: dict[bool, int] = {True: 0, False: 0}
+        for p in root.parameters():
+            sizes[p.dtype == torch.float64] += p.numel() * p.element_size()
+        if sizes[True] > sizes[False]:  # autocast casts only float32: it would change nothing
+            why = ("the model's parameters are float64, which autocast leaves alone "
+                   "(single_precision: float32 first)")
+            self.agent.event("technique", f"mixed_precision: not applied: {why}",
+                             {"technique": "mixed_precision", "applied": False, "why": why})
+            return
         device = param.device.type if param.device.type in ("cpu", "cuda") else "cpu"
         dtype = torch.bfloat16
 

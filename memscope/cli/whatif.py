@@ -158,6 +158,10 @@ def render(script: str, steps: int, metric: str, comps: list[Comparison], note: 
     for r in table:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
     for c in comps:
+        why = next((a["why"] for a in c.trial.applied
+                    if a.get("technique") == c.technique and not a.get("applied") and a.get("why")), None)
+        if why:
+            lines.append(f"  {c.technique}: not applied: {why}")
         if c.baseline.breakdown and c.trial.breakdown:
             parts = " · ".join(f"{k.replace('_', ' ')} {human_bytes(c.baseline.breakdown[k])} → "
                                f"{human_bytes(c.trial.breakdown[k])}"
