@@ -641,7 +641,8 @@ def _attention_how(f: Facts, names: list[str], kinds: set[str]) -> str:
            "(or attn_mask=...): flash / memory-efficient kernels never store the N x N scores; "
            "nn.MultiheadAttention uses them only when called with need_weights=False")
     if cpu:
-        how += " and, on CPU, with no attention dropout (the CPU flash kernel takes none)"
+        how += ("; on CPU the flash kernel takes no dropout: with attention dropout (dropout_p > 0, "
+                "or nn.MultiheadAttention's dropout) the math kernel runs and stores the scores again")
     return how
 
 
