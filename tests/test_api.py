@@ -47,7 +47,10 @@ def test_profile_records_steps_and_removes_its_hooks(tmp_path: Path) -> None:
         summary = summarize(reader)
     assert summary.steps == 7 and summary.status == "finished"
     assert summary.processes[0]["status"] == "stopped"
-    assert summary.samples >= 7
+    # every sample the agent took reached the file (a boundary's sample is skipped when the
+    # sampler thread is taking one at that moment: that one stands for it, so with 1 ms steps
+    # there can be fewer samples than steps), and the last one, taken at stop, is there
+    assert summary.samples >= 1 and summary.samples == summary.processes[0]["samples"]
     train(2)  # after stop, training is untouched and nothing is recorded
     with RunReader(db) as reader:
         assert summarize(reader).steps == 7
