@@ -123,17 +123,14 @@ def micro_batches(rows: Iterable[dict[str, Any]]) -> int | None:
 
 def closure_forwards(reader: RunReader, proc: int | None, step: int | None) -> int:
     """How many of the step's micro-batches were forwards inside optimizer.step(): a closure
-    the optimizer evaluates again and again (LBFGS), the agent's ``closure`` event; 0 when
-    fewer than two were."""
+    the optimizer evaluates again and again (LBFGS), the agent's ``closure`` event, which it
+    writes only for two or more (one is Lightning's wrapper); 0 without one."""
     if step is None:
         return 0
     for e in reader.events("closure"):
         d = e["data"] or {}
         if d.get("step") == step and (proc is None or e["proc"] == proc):
-            n = int(d.get("forwards") or 0)
-            # one forward inside step() is a wrapper, not a re-evaluation: Lightning runs every
-            # training_step in the closure it passes to optimizer.step()
-            return n if n >= 2 else 0
+            return int(d.get("forwards") or 0)
     return 0
 
 
