@@ -70,6 +70,7 @@ class Leak:
     grad_fn: str | None = None
     bytes_now: int = 0
     graph_nodes_per_step: float = 0.0  # autograd nodes retained per step
+    created_at: str | None = None  # where the tensors were made (``site``: where they are kept)
 
     @property
     def kind(self) -> str:
@@ -85,7 +86,8 @@ class Leak:
                 "held_by": self.held_by, "site": self.site, "module": self.module,
                 "first_step": self.first_step, "last_step": self.last_step,
                 # additive to memscope.report/1
-                "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step}
+                "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step,
+                "created_at": self.created_at}
 
 
 @dataclass
@@ -149,21 +151,28 @@ def _cycle_lows(pts: list[Point]) -> list[int]:
 
 
 def _rising(pts: list[Point]) -> Growth | None:
+    """Growth without resets. Inventories are unevenly spaced (dense first, then thinning, then
+    stretched by the time budget), so every rule here is in step numbers, not inventory indices:
+    a rise seen at every inventory is a rise at every inventory however far apart they are."""
     rises = [i for i in range(1, len(pts)) if pts[i][1] > pts[i - 1][1]]
     if len(rises) < MIN_INCREMENTS:
         return None
     gaps = [pts[b][0] - pts[a][0] for a, b in zip(rises, rises[1:])]
-    gap = max(statistics.median(gaps), 1) if gaps else 1
-    # a pause longer than any spacing of its rises so far (and over two inventories): it
-    # stopped (a warm-up cache full, a buffer at its bound)
-    tail = pts[-1][0] - pts[rises[-1]][0]
-    if tail > max(gaps, default=1) and len(pts) - 1 - rises[-1] >= 2:
-        return None
+    typical = max(statistics.median(gaps), 1) if gaps else 1
+    # the growth now: back from the last rise while no pause separates two rises. A pause is two
+    # or more inventories that saw no rise over more than twice the typical spacing of rises
+    # (a warm-up that filled, then a leak that started later)
     first = len(rises) - 1
-    while first > 0 and pts[rises[first]][0] - pts[rises[first - 1]][0] <= 2 * gap:
+    while first > 0 and not (rises[first] - rises[first - 1] > 2
+                             and pts[rises[first]][0] - pts[rises[first - 1]][0] > 2 * typical):
         first -= 1
     window = pts[rises[first] - 1:]
-    if sum(1 for i in range(1, len(window)) if window[i][1] > window[i - 1][1]) < MIN_INCREMENTS:
+    if len(rises) - first < MIN_INCREMENTS:
+        return None
+    # stopped: two or more inventories since the last rise, over more steps than any spacing of
+    # the rises in this growth (a warm-up cache full, a buffer at its bound)
+    tail = pts[-1][0] - pts[rises[-1]][0]
+    if len(pts) - 1 - rises[-1] >= 2 and tail > max(gaps[first:], default=1):
         return None
     if not _steady(window):
         return None
@@ -223,7 +232,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
     held: dict[Sig, dict[str, Any]] = {}
     for h in holders:
         sig = tuple(h[c] for c in SIG_COLUMNS)
-        d = held.setdefault(sig, {"held_by": None, "site": None, "module": None})
+        d = held.setdefault(sig, {"held_by": None, "site": None, "module": None, "created_at": None})
         for f in d:
             if d[f] is None and h.get(f) is not None:
                 d[f] = h[f]
@@ -240,6 +249,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         shape=_shape(sig[2]), dtype=sig[1], category=sig[0],
                         held_by=h.get("held_by"), site=h.get("site"), module=h.get("module"),
                         first_step=g.first_step, last_step=g.last_step, grad_fn=sig[5],
+                        created_at=h.get("created_at"),
                         bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3)))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
