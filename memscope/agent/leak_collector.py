@@ -115,12 +115,13 @@ class LeakCollector:
         self._agent.event("collector_disabled", f"inventory: {type(exc).__name__}: {exc}")
 
     def _holder_row(self, step: int, sig: tuple[Any, ...], held_by: str | None = None,
-                    site: str | None = None, module: str | None = None) -> None:
+                    site: str | None = None, module: str | None = None,
+                    created_at: str | None = None) -> None:
         cat, dtype, shape, device, rg, fn = sig
         self._agent.insert("leak_holders", {
             "proc": self._agent.proc_id, "step": step, "category": cat, "dtype": dtype,
             "shape": shape, "device": device, "requires_grad": rg, "grad_fn": fn,
-            "held_by": held_by, "site": site, "module": module})
+            "held_by": held_by, "site": site, "module": module, "created_at": created_at})
 
     # -- creation sites ------------------------------------------------------------------------
 
@@ -139,8 +140,8 @@ class LeakCollector:
         except Exception as exc:
             self._sites_failed(exc)
             return
-        for sig, (site, module) in resolved.items():
-            self._holder_row(step, sig, site=site, module=module)
+        for sig, where in resolved.items():
+            self._holder_row(step, sig, site=where.stored, module=where.module, created_at=where.created)
 
     def _sites_start(self) -> None:
         if not (self._sites_enabled and self._agent.running):

@@ -47,7 +47,7 @@ import sys
 import threading
 import weakref
 from collections import Counter, deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -57,6 +57,15 @@ from memscope.agent.compiled import CompileWatch, compile_used, is_compiling, ru
 from memscope.agent.module_names import module_path
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
+
+class Site(NamedTuple):
+    """Where a leaked group's tensors are kept (``stored``: the line that put them in their
+    container, else the creating line), where they were made, and by which module's forward."""
+
+    stored: str | None
+    created: str | None
+    module: str | None
+
 
 MAX_CANDIDATES = 32  # per signature, in the capture step
 _SKIP_DIRS = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch,) if getattr(m, "__file__", None))
@@ -133,7 +142,7 @@ class SiteCapture:
         self._tracing = False
         self._thread: int | None = None
         self._pending: set[Signature] = set()
-        self.results: dict[Signature, tuple[str | None, str | None]] = {}  # site, module
+        self.results: dict[Signature, Site] = {}
         self._watch = CompileWatch(self._on_compiled)
         self.skipped: str | None = None  # why the last arming did not happen, if it did not
         shield.add(self._hook_handles)  # out of Dynamo's sight while it compiles
@@ -192,9 +201,9 @@ class SiteCapture:
             sys.settrace(_global_trace)
             self._tracing = True
 
-    def boundary(self) -> dict[Signature, tuple[str | None, str | None]]:
+    def boundary(self) -> dict[Signature, "Site"]:
         """At a step boundary: move capture -> store -> resolved. Returns the signatures
-        resolved at this boundary (site, module), else {}."""
+        resolved at this boundary, else {}."""
         if self._phase == "capture":
             self._phase = "capture2"
             return {}
@@ -343,23 +352,24 @@ class SiteCapture:
 
     # -- resolve -------------------------------------------------------------------------------
 
-    def _resolve(self) -> dict[Signature, tuple[str | None, str | None]]:
+    def _resolve(self) -> dict[Signature, "Site"]:
         by_sig: dict[Signature, list[_Candidate]] = {}
         alive = [c for c in self._candidates if c.ref() is not None]  # survived a whole step
         held = _held_in_containers([c.ref() for c in alive])
         for c in alive:
             by_sig.setdefault(c.sig, []).append(c)
-        out: dict[Signature, tuple[str | None, str | None]] = {}
+        out: dict[Signature, Site] = {}
         for sig, cands in by_sig.items():
             # a survivor in a container (list, dict, deque, set; not a module's globals: one
             # variable does not grow) is the leaked kind; else any survivor
             cands = [c for c in cands if id(c.ref()) in held] or cands
             site = Counter(c.stored or c.created for c in cands).most_common(1)[0][0]
+            created = Counter(c.created for c in cands).most_common(1)[0][0]
             mods = Counter(m for m in (c.module() if c.module is not None else None
                                        for c in cands) if m is not None)
             name = module_path(mods.most_common(1)[0][0]) if mods else None
             mods.clear()
-            out[sig] = (site, name)
+            out[sig] = Site(site, created, name)
         self.results.update(out)
         return out
 
@@ -493,6 +503,29 @@ class _LineTracer:
                             c.baseline = rc
                     del t
                     c.last_line = line
+            if event == "return":
+                self._follow(frame.f_back)
         except Exception:
             return None
         return self
+
+    def _follow(self, caller: Any) -> None:
+        """The creating frame returns (a model's ``forward`` that made the loss) with candidates
+        still unstored and alive: the line that keeps them is in a caller (``history.append(loss)``
+        in the training loop), so its frame is traced next, from its next line on."""
+        cands = [c for c in self.cands if c.stored is None and c.ref() is not None]
+        if not cands or caller is None or not self.owner._tracing:
+            return
+        if _user_frame(caller) is not caller:  # torch's own frames (Module._call_impl): skip out
+            caller = _user_frame(caller)
+            if caller is None:
+                return
+        for c in cands:
+            c.baseline = c.last_line = None  # the caller's next line sets what holds it then
+        tracer = caller.f_trace
+        if isinstance(tracer, _LineTracer):
+            tracer.cands.extend(c for c in cands if c not in tracer.cands)
+        elif tracer is None:
+            caller.f_trace = _LineTracer(self.owner, cands[0])
+            caller.f_trace.cands.extend(cands[1:])
+            caller.f_trace_lines = True

@@ -134,6 +134,7 @@ def leak_lines(lk: Leak) -> list[str]:
     return [head,
             f"      held by {lk.held_by or 'unknown'}"
             + (f" · stored at {lk.site}" if lk.site else "")
+            + (f" · made at {lk.created_at}" if lk.created_at and lk.created_at != lk.site else "")
             + (f" · from the forward of {lk.module or '(model)'}" if lk.module is not None else ""),
             f"      fix: {fix_how(lk)}"]
 

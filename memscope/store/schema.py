@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -219,9 +219,17 @@ ALTER TABLE layer_stats ADD COLUMN micro_batches INTEGER;
 """
 
 
+# Version 8 (issue #20, leak sites): the line that kept a leaked tensor and the line that made it
+# are two facts (``history.append(loss)`` in the loop; the loss made inside ``model.forward``)
+_V8 = """
+-- leak_holders.site: the line that stored the tensor where it is kept; created_at: where it was made
+ALTER TABLE leak_holders ADD COLUMN created_at TEXT;
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
