@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -32,6 +33,7 @@ from memscope.agent.optimizer_state import optimizer_state_tensors
 
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
+GRAPH_SAMPLE = 16  # roots of one kind whose graphs an inventory walks (see _walk_graphs)
 
 Signature = tuple[str, str, str, str, int, str | None]  # category, dtype, shape, device, rg, grad_fn
 
@@ -260,29 +262,85 @@ def _pick(lst: list[Any]) -> list[Any]:
 def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
                  inv: Inventory) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """Saved bytes and nodes per root storage; storages saved by some graph. Outermost roots
-    (grad_fns no other live graph reaches) are walked first."""
-    roots = [(key, fn) for key, _, _, fn in rows if fn is not None]
+    (grad_fns no other live graph reaches) are walked first.
+
+    A leak that keeps a graph per step (``cache[step] = logits``) has as many roots of one kind
+    as steps so far: walking them all makes each inventory cost more than the last. Of a kind
+    (shape, dtype, grad_fn type) with more than ``GRAPH_SAMPLE`` roots, a spread sample is walked
+    and, when backward has freed what they saved (the sample saves nothing), the rest are charged
+    the sample's median of nodes (roots of one kind are the same code's graphs; a chain whose
+    newest root reaches every older one charges the older ones nothing, and so does the median).
+    Graphs that still save tensors are all walked: the live tensors they save must be found."""
+    roots = [(key, t, fn) for key, _, t, fn in rows if fn is not None]
     if not roots:
         return {}, set()
+    kinds: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
+    for key, t, fn in roots:
+        kinds.setdefault((type(fn), t.shape, t.dtype), []).append((key, fn))
+    roots.clear()
+    walked: list[tuple[int, Any, int]] = []  # key, grad_fn, kind (index into ``rest``, or -1)
+    rest: list[tuple[list[tuple[int, Any]], list[int]]] = []  # (not walked, keys walked) per big kind
+    for members in kinds.values():
+        if len(members) <= GRAPH_SAMPLE:
+            walked.extend((k, fn, -1) for k, fn in members)
+            continue
+        idx = sorted({round(i * (len(members) - 1) / (GRAPH_SAMPLE - 1)) for i in range(GRAPH_SAMPLE)})
+        chosen = set(idx)
+        walked.extend((*members[i], len(rest)) for i in idx)
+        rest.append(([m for i, m in enumerate(members) if i not in chosen], [members[i][0] for i in idx]))
+    kinds.clear()
     walker = GraphWalker(fixed)
+    charged: dict[int, tuple[int, int]] = {}
+
+    def walk(key: int, fn: Any) -> None:
+        try:
+            b, n = walker.walk(fn, key)
+        except Exception:
+            return
+        if b or n:
+            pb, pn = charged.get(key, (0, 0))
+            charged[key] = (pb + b, pn + n)
+
     try:
-        inner = walker.inner([fn for _, fn in roots])
-        roots.sort(key=lambda kf: id(kf[1]) in inner)  # stable: top roots first
+        inner = walker.inner([fn for _, fn, _ in walked])
+        # top roots first (stable); a big kind is inner when one of its sample is (the relu outputs
+        # that leaked losses' graphs save are reached from the sampled losses, not from the rest)
+        inner_kind = [False] * len(rest)
+        for _, fn, kind in walked:
+            if kind >= 0 and id(fn) in inner:
+                inner_kind[kind] = True
+        walked.sort(key=lambda r: inner_kind[r[2]] if r[2] >= 0 else id(r[1]) in inner)
         inner.clear()
         walker.keep.clear()  # the walk below keeps what it visits itself
-        charged: dict[int, tuple[int, int]] = {}
-        for key, fn in roots:
+        left = [len(sample) for _, sample in rest]  # sampled roots of each big kind not walked yet
+        for key, fn, kind in walked:
             if walker.truncated:
                 break
-            try:
-                b, n = walker.walk(fn, key)
-            except Exception:
+            walk(key, fn)
+            if kind < 0:
                 continue
-            if b or n:
-                pb, pn = charged.get(key, (0, 0))
-                charged[key] = (pb + b, pn + n)
+            left[kind] -= 1
+            if left[kind]:
+                continue
+            others, sample = rest[kind]
+            got = [charged.get(k, (0, 0)) for k in sample]
+            if any(g[0] for g in got):
+                # the sample's graphs still hold saved tensors (retain_graph, or no backward yet):
+                # all of the kind are walked now, before inner roots, so that the live tensors
+                # they save are theirs (exact)
+                for k, f in others:
+                    if walker.truncated:
+                        break
+                    walk(k, f)
+                continue
+            n = int(statistics.median(g[1] for g in got))  # nodes only: backward freed the rest
+            if n:
+                for k, _ in others:
+                    pb, pn = charged.get(k, (0, 0))
+                    charged[k] = (pb, pn + n)
         inv.truncated = inv.truncated or walker.truncated
         return charged, set(walker.charged)
     finally:
-        roots.clear()
+        walked.clear()
+        rest.clear()
         walker.close()
