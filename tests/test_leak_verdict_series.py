@@ -1,0 +1,138 @@
+"""The leak verdict rule on synthetic, unevenly spaced inventory series, at run lengths from 20 to
+1,000,000 steps: inventories fall where the default schedule puts them (every step at first, then
+thinning, then stretched by the time budget), and a verdict is checked at the end of the run and at
+every inventory in between (a leak, once reported, is never withdrawn while it keeps growing)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import pytest
+
+from memscope.agent.inventory.schedule import Schedule
+from memscope.analysis.leaks import growth
+
+Size = Callable[[int], int]
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule(length: int, stretch_from: int | None) -> tuple[int, ...]:
+    return tuple(schedule_steps_uncached(length, stretch_from=stretch_from))
+
+
+def schedule_steps(length: int, stretch_from: int | None = None) -> list[int]:
+    return list(_schedule(length, stretch_from))
+
+
+def schedule_steps_uncached(length: int, step_s: float = 0.01, cost_s: float = 1e-4,
+                            stretch_from: int | None = None) -> list[int]:
+    """The inventory steps of the default schedule (every step, 1% budget) over ``length`` steps
+    of ``step_s``, each inventory costing ``cost_s`` (100x that from ``stretch_from`` on: the
+    budget stretches the interval)."""
+    s = Schedule(1, 0.01)
+    out = []
+    for step in range(length):
+        s.observe(step_s, None)
+        if s.due(step):
+            out.append(step)
+            s.taken(step, cost_s * (100 if stretch_from is not None and step >= stretch_from else 1))
+    return out
+
+
+def verdicts(steps: list[int], size: Size) -> list[bool]:
+    """Whether a leak is reported at each inventory (the run as if it ended there)."""
+    pts = [(s, size(s), size(s) // 4) for s in steps]
+    return [growth(pts[:i + 1]) is not None for i in range(len(pts))]
+
+
+LENGTHS = [20, 60, 200, 1000, 5000, 100_000, 1_000_000]
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_schedule_never_ends(length: int) -> None:
+    steps = schedule_steps(length)
+    assert steps[:16] == list(range(16))
+    # the last inventory is within the last 1/16 of the run (plus one interval) at any length
+    assert length - 1 - steps[-1] <= max(length // 16, 1) + 1, steps[-5:]
+    stretched = schedule_steps(length, stretch_from=100)
+    assert stretched[-1] >= length * 0.7 or length <= 200, stretched[-5:]
+
+
+LEAKS: dict[str, Size] = {
+    "every step": lambda s: 4096 * s,
+    "every other step": lambda s: 4096 * (s // 2),
+    "an evaluation every 30 steps": lambda s: 65536 * (s // 30),
+    "beside a fill-and-clear buffer": lambda s: 100 * ((s % 16) + 1) + 400 * s,
+    "beside noise": lambda s: 4096 * s + (2048 if s % 5 == 3 else 0),
+}
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("name", sorted(LEAKS))
+def test_a_leak_stays_reported_to_the_end(name: str, length: int) -> None:
+    steps = schedule_steps(length)
+    v = verdicts(steps, LEAKS[name])
+    if length >= 200 or name in ("every step", "every other step", "beside noise"):
+        assert v[-1], f"{name}: not reported at the end of {length} steps"
+    if True in v:
+        first = v.index(True)
+        # once reported, never withdrawn (the fill-and-clear lows climb in cycles: from the
+        # first report on it may wait for the next low, never longer than a cycle)
+        gaps = [steps[i] for i in range(first, len(v)) if not v[i]]
+        if name == "beside a fill-and-clear buffer":
+            assert all(any(v[j] for j in range(i, len(v)) if steps[j] <= s + 32) for i, s in
+                       ((steps.index(s), s) for s in gaps) if s + 32 <= steps[-1])
+        else:
+            assert gaps == [], f"{name}: withdrawn at steps {gaps[:5]} of {length}"
+    if name in ("every step", "every other step"):
+        # three rises after the warm-up (steps 0-1): at step 5, or 8 adding every other step
+        assert steps[v.index(True)] == (5 if name == "every step" else 8)
+
+
+def test_rate_is_per_step_at_any_spacing() -> None:
+    for length in (200, 5000, 1_000_000):
+        steps = schedule_steps(length)
+        g = growth([(s, 4096 * s, s) for s in steps])
+        assert g is not None and g.bytes_per_step == 4096 and g.tensors_per_step == 1
+        assert g.last_step == steps[-1]
+    steps = schedule_steps(2000)
+    g = growth([(s, 65536 * (s // 30), s // 30) for s in steps])
+    assert g is not None and 65536 / 30 * 0.95 <= g.bytes_per_step <= 65536 / 30 * 1.1
+
+
+HEALTHY: dict[str, Size] = {
+    "warm-up that then stays": lambda s: 4096 * min(s, 40),
+    "a bounded deque (maxlen 100)": lambda s: 4096 * min(s, 100),
+    "a cache that fills to 500 entries": lambda s: 1024 * min(s, 500),
+    "fill-and-clear every 16": lambda s: 4096 * ((s % 16) + 1),
+    "fill-and-clear every 100": lambda s: 4096 * ((s % 100) + 1),
+    "a one-time jump": lambda s: 0 if s < 300 else 1 << 20,
+    "flat": lambda s: 4096,
+}
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("name", sorted(HEALTHY))
+def test_no_false_leak_at_the_end(name: str, length: int) -> None:
+    steps = schedule_steps(length)
+    v = verdicts(steps, HEALTHY[name])
+    bound = {"warm-up that then stays": 40, "a bounded deque (maxlen 100)": 100,
+             "a cache that fills to 500 entries": 500}.get(name)
+    if bound is not None and length > 3 * bound:
+        assert not v[-1], f"{name} reported at the end of {length} steps"
+        # growth that stopped is withdrawn soon after it stopped (a few inventories)
+        late = [s for s, x in zip(steps, v) if x and s > 2 * bound + 16]
+        assert late == [], late[:5]
+    elif bound is None:
+        # a buffer's first fill looks like a leak until its first clear; never after it
+        cleared = {"fill-and-clear every 16": 16, "fill-and-clear every 100": 100}.get(name, 0)
+        wrong = [s for s, x in zip(steps, v) if x and s >= cleared]
+        assert wrong == [], f"{name}: reported at steps {wrong[:5]}"
+
+
+def test_slow_leak_of_4_kib_a_step_over_2000_steps() -> None:
+    steps = schedule_steps(2000)
+    v = verdicts(steps, lambda s: 4096 * s + 300_000)
+    assert v[-1] and v.index(True) <= 7
+    assert all(v[v.index(True):])
