@@ -43,7 +43,7 @@ RESET_SHARE = 0.5
 SIG_COLUMNS = ("category", "dtype", "shape", "device", "requires_grad", "grad_fn")
 
 Sig = tuple[Any, ...]
-Point = tuple[int, int, int, int]  # step, size, tensors, graph nodes
+Point = tuple[int, int, int, int, int]  # step, size, tensors, graph nodes, saved bytes of graphs
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Growth:
     bytes_per_step: float
     tensors_per_step: float
     nodes_per_step: float = 0.0
+    every: float = 1.0  # typical steps between the rises (30: it grows at evaluations only)
+    saved_per_step: float = 0.0  # bytes of tensors the kept graphs still save (0 after backward)
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Leak:
     bytes_now: int = 0
     graph_nodes_per_step: float = 0.0  # autograd nodes retained per step
     created_at: str | None = None  # where the tensors were made (``site``: where they are kept)
+    every: float = 1.0  # typical steps between its rises (1: every step)
+    saved_bytes_per_step: int = 0  # of bytes_per_step: tensors its graphs still save for backward
 
     @property
     def kind(self) -> str:
@@ -87,7 +91,7 @@ class Leak:
                 "first_step": self.first_step, "last_step": self.last_step,
                 # additive to memscope.report/1
                 "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step,
-                "created_at": self.created_at}
+                "created_at": self.created_at, "grows_every_steps": self.every}
 
 
 @dataclass
@@ -123,7 +127,8 @@ class LeakCheck:
 def growth(points: Sequence[tuple[int, ...]]) -> Growth | None:
     """``points``: (step, size, count[, graph nodes]) at every inventory, in step order. A steady
     growth that persists up to the last point, or None."""
-    pts: list[Point] = [(int(p[0]), int(p[1]), int(p[2]), int(p[3]) if len(p) > 3 else 0)
+    pts: list[Point] = [(int(p[0]), int(p[1]), int(p[2]), int(p[3]) if len(p) > 3 else 0,
+                         int(p[4]) if len(p) > 4 else 0)
                         for p in points if p[0] >= WARMUP_STEPS]
     if len(pts) < MIN_INVENTORIES:
         return None
@@ -176,7 +181,11 @@ def _rising(pts: list[Point]) -> Growth | None:
         return None
     if not _steady(window):
         return None
-    return _rate(window[0], window[-1])
+    g = _rate(window[0], window[-1])
+    # how often it grew, when inventories were denser than its rises (else: at every one seen)
+    flat = len(window) - 1 - (len(rises) - first)
+    g.every = float(statistics.median(gaps[first:])) if gaps[first:] and flat > len(window) // 2 else 1.0
+    return g
 
 
 def _steady(window: list[Point]) -> bool:
@@ -206,22 +215,25 @@ def _rising_lows(pts: list[Point], lows: list[int]) -> Growth | None:
 
 def _rate(a: Point, z: Point) -> Growth:
     span = max(z[0] - a[0], 1)
-    return Growth(a[0], z[0], (z[1] - a[1]) / span, (z[2] - a[2]) / span, (z[3] - a[3]) / span)
+    return Growth(a[0], z[0], (z[1] - a[1]) / span, (z[2] - a[2]) / span, (z[3] - a[3]) / span,
+                  saved_per_step=(z[4] - a[4]) / span)
 
 
 # -- series from rows ----------------------------------------------------------------------------
 
 def series(steps: Sequence[int], rows: Iterable[dict[str, Any]]) -> dict[Sig, list[Point]]:
-    """Per signature, (step, size, count, graph nodes) at every inventory step (0 if absent)."""
-    by: dict[Sig, dict[int, tuple[int, int, int]]] = {}
+    """Per signature, (step, size, count, graph nodes, saved bytes) at every inventory step (0 if
+    absent)."""
+    by: dict[Sig, dict[int, tuple[int, int, int, int]]] = {}
     for r in rows:
         sig = tuple(r[c] for c in SIG_COLUMNS)
         d = by.setdefault(sig, {})
         nodes = int(r.get("graph_nodes") or 0)
-        b, c, n = d.get(r["step"], (0, 0, 0))
-        d[r["step"]] = (b + int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + nodes * NODE_BYTES,
-                        c + int(r["count"] or 0), n + nodes)
-    return {sig: [(s, *d.get(s, (0, 0, 0))) for s in steps] for sig, d in by.items()}
+        saved = int(r["graph_bytes"] or 0)
+        b, c, n, g = d.get(r["step"], (0, 0, 0, 0))
+        d[r["step"]] = (b + int(r["bytes"] or 0) + saved + nodes * NODE_BYTES,
+                        c + int(r["count"] or 0), n + nodes, g + saved)
+    return {sig: [(s, *d.get(s, (0, 0, 0, 0))) for s in steps] for sig, d in by.items()}
 
 
 def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
@@ -249,7 +261,8 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         shape=_shape(sig[2]), dtype=sig[1], category=sig[0],
                         held_by=h.get("held_by"), site=h.get("site"), module=h.get("module"),
                         first_step=g.first_step, last_step=g.last_step, grad_fn=sig[5],
-                        created_at=h.get("created_at"),
+                        created_at=h.get("created_at"), every=g.every,
+                        saved_bytes_per_step=int(round(max(g.saved_per_step, 0))),
                         bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3)))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
@@ -329,7 +342,7 @@ def diff(reader: "RunReader", proc: int, a: int, b: int) -> list[GroupDiff]:
     rows = reader.query("SELECT * FROM inventory_groups WHERE proc = ? AND step IN (?, ?)", (proc, a, b))
     ser = series([a, b], rows)
     out = []
-    for sig, ((_, ba, ca, _na), (_, bb, cb, _nb)) in ser.items():
+    for sig, ((_, ba, ca, _na, _ga), (_, bb, cb, _nb, _gb)) in ser.items():
         if ba == bb and ca == cb:
             continue
         out.append(GroupDiff(sig[0], sig[1], _shape(sig[2]), sig[5], sig[3], ca, cb, ba, bb))
@@ -349,13 +362,28 @@ def fix_how(leak: Leak) -> str:
         return (f"accumulate Python numbers, not tensors: `{name} += loss.item()`{where}; adding "
                 "a tensor that has a grad_fn chains every step's autograd graph onto it "
                 f"(about {leak.graph_nodes_per_step:g} nodes a step, never freed)")
-    if leak.grad_fn and leak.shape == []:
-        return (f"store loss.item() (a Python float){where} instead of the loss tensor: "
-                "the tensor keeps its whole autograd graph and saved activations alive")
+    if leak.grad_fn and leak.every >= 5:
+        return (f"it grows every ~{leak.every:g} steps, not every step: if that is an evaluation, "
+                "run it under `with torch.no_grad():` (its outputs then keep no autograd graph), "
+                f"and store t.detach() or .item(){where}")
     if leak.grad_fn:
-        return (f"store t.detach(){where} (or .cpu()/.item()): tensors with a grad_fn keep "
-                "their autograd graph alive")
+        store = (f"store loss.item() (a Python float){where} instead of the loss tensor"
+                 if leak.shape == [] else f"store t.detach(){where} (or .cpu()/.item())")
+        return f"{store}: {_graph_kept(leak)}"
     return f"clear or bound the container{where} (collections.deque(maxlen=N), or drop entries once used)"
+
+
+def _graph_kept(leak: Leak) -> str:
+    """What a kept tensor with a grad_fn keeps alive, as measured: its saved activations while
+    backward has not run on it (retain_graph, or never), else only the graph's nodes."""
+    nodes = f"{leak.graph_nodes_per_step:g} autograd nodes a step"
+    if leak.saved_bytes_per_step > 0:
+        return (f"each kept tensor keeps its autograd graph ({nodes}) and the activations it saved "
+                f"for backward ({human_bytes(leak.saved_bytes_per_step)} a step) alive")
+    if leak.graph_nodes_per_step > 0:
+        return (f"each kept tensor keeps its autograd graph alive ({nodes}, estimated at "
+                f"{NODE_BYTES} bytes a node; backward already freed the activations it saved)")
+    return "a tensor with a grad_fn keeps its autograd graph alive"
 
 
 def _short(held_by: str) -> str:

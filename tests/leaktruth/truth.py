@@ -1,0 +1,99 @@
+"""Independent truth for leak tests: what a script keeps alive per step, measured without memscope.
+
+    python tests/leaktruth/truth.py OUT.json STEP_A STEP_B SCRIPT.py [ARGS...]
+
+Runs SCRIPT as ``__main__`` (memscope is not imported) and, after optimizer steps STEP_A and
+STEP_B (counted from 0 by a global optimizer step post hook), walks every object the garbage
+collector tracks for tensors: per group (shape, dtype, grad_fn type) the tensors' count and
+storage bytes (each storage once), the autograd nodes their graphs keep (each node once) and
+the bytes of the tensors those nodes still save (unpacked through the public ``_saved_*``
+attributes). Writes {"a": STEP_A, "b": STEP_B, "groups": {"shape|dtype|grad_fn": [[count,
+bytes, nodes, saved_bytes] at A, [...] at B]}} to OUT.json.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import runpy
+import sys
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+
+def _saved(node: object) -> list[torch.Tensor]:
+    out = []
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            try:
+                v = getattr(node, name)
+            except Exception:  # freed by backward
+                continue
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                if isinstance(x, torch.Tensor):
+                    out.append(x)
+    return out
+
+
+def census() -> dict[str, list[int]]:
+    seen_storage: set[int] = set()
+    seen_node: set[int] = set()
+    keep: list[object] = []  # node wrappers held while walking, so ids stay unique
+    groups: dict[str, list[int]] = {}
+    tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    params = {id(p) for o in tensors if isinstance(o, torch.nn.Parameter) for p in (o,)}
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr()
+        if not ptr or ptr in seen_storage:
+            continue
+        seen_storage.add(ptr)
+        fn = t.grad_fn
+        key = f"{list(t.shape)}|{str(t.dtype).replace('torch.', '')}|{type(fn).__name__ if fn else None}"
+        g = groups.setdefault(key, [0, 0, 0, 0])
+        g[0] += 1
+        g[1] += t.untyped_storage().nbytes()
+        todo = [fn] if fn is not None and id(t) not in params else []
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen_node:
+                continue
+            seen_node.add(id(node))
+            keep.append(node)
+            g[2] += 1
+            for s in _saved(node):
+                p = s.untyped_storage().data_ptr()
+                if p and p not in seen_storage and p != ptr:
+                    seen_storage.add(p)
+                    g[3] += s.untyped_storage().nbytes()
+            todo.extend(n for n, _ in node.next_functions)
+    keep.clear()
+    tensors.clear()
+    return groups
+
+
+def main() -> None:
+    out, a, b, script = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    taken: dict[int, dict[str, list[int]]] = {}
+    count = [0]
+
+    def hook(opt: object, args: object, kwargs: object) -> None:
+        step = count[0]
+        count[0] += 1
+        if step in (a, b) and step not in taken:
+            taken[step] = census()
+            if len(taken) == 2:
+                at_a, at_b = taken[a], taken[b]
+                groups = {k: [at_a.get(k, [0, 0, 0, 0]), at_b.get(k, [0, 0, 0, 0])]
+                          for k in set(at_a) | set(at_b)}
+                with open(out, "w") as f:
+                    json.dump({"a": a, "b": b, "groups": groups}, f)
+
+    register_optimizer_step_post_hook(hook)
+    sys.argv = [script] + sys.argv[5:]
+    sys.path.insert(0, script.rsplit("/", 1)[0] if "/" in script else ".")
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
