@@ -36,7 +36,10 @@ def test_holder_named(holders_report: dict[str, Any], width: int, held_by: str) 
     (lk,) = [lk for lk in holders_report["leaks"] if lk["shape"] == [4, width]]
     assert lk["held_by"] == held_by
     assert lk["bytes_per_step"] == 4 * width * 4 and lk["tensors_per_step"] == 1.0
-    assert lk["site"] is not None and lk["site"].startswith("tests/scripts/leak_holders.py:")
+    if width == 107:  # leakmod.keep(torch.zeros(...)): kept by BUFFER.append(t) in the module
+        assert (lk["site"], lk["created_at"]) == ("tests/scripts/leakmod.py:7", "tests/scripts/leak_holders.py:73")
+    else:
+        assert lk["site"] is not None and lk["site"].startswith("tests/scripts/leak_holders.py:")
     assert lk["last_step"] == 11
 
 

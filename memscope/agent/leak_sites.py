@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import sysconfig
 import threading
 import weakref
 from collections import Counter, deque
@@ -195,6 +196,7 @@ class SiteCapture:
         self._watch.install()
         self._phase = "capture"
         self.capturing = True
+        _ACTIVE[:] = [self]
         # The trace function on this thread, from now on: it is how an orphaned mode is
         # removed by this thread (see the module doc). Not over a debugger's or coverage's.
         if sys.gettrace() is None:
@@ -222,6 +224,8 @@ class SiteCapture:
         too); idempotent."""
         if pending:
             self._pending = set()
+        if _ACTIVE and _ACTIVE[0] is self:
+            _ACTIVE.clear()
         self._stop_capture()
         if self._tracing:
             self._tracing = False
@@ -239,6 +243,7 @@ class SiteCapture:
     def after_fork(self) -> None:
         """In a forked child (a DataLoader worker forked during an arming): the thread state
         came along; drop the tracer and our mode so the worker runs untraced."""
+        _ACTIVE.clear()
         self.capturing = False
         self._stop_capture()
         if self._tracing:
@@ -345,7 +350,8 @@ class SiteCapture:
             self._tracing = True
         tracer = frame.f_trace
         if isinstance(tracer, _LineTracer):
-            tracer.cands.append(cand)
+            if not tracer.callee:  # a callee's tracer already watches every candidate
+                tracer.cands.append(cand)
         else:
             frame.f_trace = _LineTracer(self, cand)
             frame.f_trace_lines = True
@@ -445,11 +451,31 @@ def _holds(c: Any, t: Any) -> bool:
 _ORPHANS: dict[int, Any] = {}
 
 
+# the arming whose candidates are watched (at most one at a time)
+_ACTIVE: list["SiteCapture"] = []
+# frames never watched for a store: torch, memscope, the standard library
+_NOT_USER = _SKIP_DIRS + (_MEMSCOPE_DIR, sysconfig.get_paths()["stdlib"] + os.sep, "<")
+
+
 @runtime_only
-def _global_trace(frame: Any, event: str, arg: Any) -> None:
+def _global_trace(frame: Any, event: str, arg: Any) -> Any:
     if _ORPHANS:
         _sweep()
-    return None  # no per-call tracing: only frames given a _LineTracer are traced
+    if event == "call" and _ACTIVE:
+        return _callee_tracer(frame)
+    return None  # no per-call tracing otherwise: only frames given a _LineTracer are traced
+
+
+def _callee_tracer(frame: Any) -> Any:
+    """While candidates wait for their store line, a function of the user's called meanwhile is
+    watched too: a callback that keeps ``trainer.loss`` stores it in its own frame, not in the
+    loop that called it."""
+    owner = _ACTIVE[0]
+    if not (owner._tracing and owner._candidates) or threading.get_ident() != owner._thread:
+        return None
+    if frame.f_code.co_filename.startswith(_NOT_USER):
+        return None
+    return _LineTracer(owner, None)
 
 
 def _sweep() -> None:
@@ -476,9 +502,11 @@ class _LineTracer:
     """``f_trace`` of a frame that created candidates: the line after which a candidate's
     reference count rose is the line that stored it."""
 
-    def __init__(self, owner: SiteCapture, cand: _Candidate) -> None:
+    def __init__(self, owner: SiteCapture, cand: _Candidate | None) -> None:
         self.owner = owner
-        self.cands = [cand]
+        # a called function's tracer watches all of the arming's candidates (the same list)
+        self.callee = cand is None
+        self.cands = owner._candidates if cand is None else [cand]
 
     @runtime_only
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
@@ -524,7 +552,8 @@ class _LineTracer:
             c.baseline = c.last_line = None  # the caller's next line sets what holds it then
         tracer = caller.f_trace
         if isinstance(tracer, _LineTracer):
-            tracer.cands.extend(c for c in cands if c not in tracer.cands)
+            if not tracer.callee:
+                tracer.cands.extend(c for c in cands if c not in tracer.cands)
         elif tracer is None:
             caller.f_trace = _LineTracer(self.owner, cands[0])
             caller.f_trace.cands.extend(cands[1:])

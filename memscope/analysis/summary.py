@@ -114,6 +114,7 @@ def summarize(reader: RunReader) -> RunSummary:
                                               peak.step) if peak.breakdown else None
     if main is not None:
         _breakdown_at_failure(peak, oom, main["id"])
+    leaks = leaks_of(reader, main["id"] if main else None)
     return RunSummary(
         path=reader.path,
         command=run["command"],
@@ -136,9 +137,9 @@ def summarize(reader: RunReader) -> RunSummary:
         hotspot_micro_batches=spot_micro,
         hotspot_closure_forwards=spot_closure,
         main_proc=main["id"] if main else None,
-        leaks=leaks_of(reader, main["id"] if main else None),
+        leaks=leaks,
         leak_check=leak_check(reader, main["id"] if main else None),
-        unexplained=unexplained_growth(reader, main["id"] if main else None),
+        unexplained=unexplained_growth(reader, main["id"] if main else None, leaks),
         workers=worker_growth(reader),
         oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
