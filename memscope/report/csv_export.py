@@ -100,7 +100,7 @@ def write_directory(reader: RunReader, directory: str) -> dict[str, int]:
     """``timeline.csv`` and one CSV per known table into ``directory`` (created if missing; its
     parent must exist). Refuses a ``directory`` that is a file or a symbolic link. Returns
     {file name: data rows}."""
-    if os.path.islink(directory):
+    if os.path.islink(directory.rstrip(os.sep) or directory):  # "link/" follows the link
         raise UserError(f"export: --csv {directory}: is a symbolic link; give the directory itself")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserError(f"export: --csv {directory}: exists and is not a directory")
