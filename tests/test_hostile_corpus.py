@@ -133,6 +133,8 @@ def test_html_has_no_element_made_by_the_data(files: dict[str, Path], capsys: py
         assert "<script>alert" not in page
         assert which == "attached" or "&lt;script&gt;alert(1)" in page  # shown, as text
         assert len(page) < 2 * TEXT_LIMIT
+    code, out, err = run_cli(capsys, "report", str(files["edited"]), "--html", "-")
+    assert code == 0 and out == page  # to stdout: the same page, untouched by the text guard
 
 
 def test_csv_directory_stays_inside_and_holds_no_formula(files: dict[str, Path],

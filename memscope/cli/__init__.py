@@ -19,8 +19,9 @@ from memscope.cli.errors import CliError
 from memscope.display import guarded_stdout, safe_lines, shown_text
 from memscope.store.schema import RunFileError
 
-# commands whose stdout is data for another program (export -), or not ours (tui draws on the
-# terminal itself); every other text command prints through memscope.display's guard
+# commands whose stdout is data for another program (export -, report --html -, any --json), or
+# not ours (tui draws on the terminal itself); every other text command prints through
+# memscope.display's guard
 _RAW_STDOUT = {"export", "tui"}
 
 COMMANDS = {
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
-        if args.command in _RAW_STDOUT or getattr(args, "json", False):
+        if args.command in _RAW_STDOUT or getattr(args, "json", False) or getattr(args, "html", None) == "-":
             return int(COMMANDS[args.command].run(args))
         with guarded_stdout():  # names from a run file never drive the terminal (memscope.display)
             return int(COMMANDS[args.command].run(args))
