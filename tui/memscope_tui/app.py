@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Callable
 
+from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -25,10 +26,8 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
-from memscope_tui.data import Selection, Snapshot, load_snapshot
-from rich.text import Text
-
 from memscope.display import shown, shown_text
+from memscope_tui.data import Selection, Snapshot, load_snapshot
 from memscope_tui.views import View
 from memscope_tui.views.breakdown import BreakdownView
 from memscope_tui.views.layers import LayersView
