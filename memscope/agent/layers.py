@@ -84,6 +84,7 @@ from memscope.agent.compiled import (
 )
 from memscope.agent.module_names import dotted_names, outermost
 from memscope.agent.optimizer_state import optimizer_state_tensors
+from memscope.agent.unseen import unseen
 
 NO_MODULE = "<no module>"
 
@@ -248,6 +249,7 @@ class LayerProfiler:
             self._global_handles.append(_nn_module.register_module_forward_hook(self._post))
             self._watch.install()  # torch.compile(module) during the step: go per module
         try:
+            self._drop_own_stale_hooks()
             if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
                 # The script's own hooks (save_on_cpu, say) are active: pushing ours on top
                 # would switch theirs off. Count calls and outputs only.
@@ -259,6 +261,15 @@ class LayerProfiler:
                 self._saved_thread = threading.get_ident()
         except Exception as exc:
             self.saved_hooks_error = f"{type(exc).__name__}: {exc}"
+
+    def _drop_own_stale_hooks(self) -> None:
+        """Pop our own hooks left on this thread's stack by a step that ended on another thread
+        (a loop that moved from a worker thread to the main thread): they are not the script's."""
+        for _ in range(8):  # one per profiled step that ended elsewhere, at most; bounded anyway
+            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            if top is None or top[0] != self._pack:
+                return
+            torch._C._autograd._pop_saved_tensors_default_hooks()
 
     def end(self) -> list[ModuleStats]:
         """Remove every hook and return the step's per-module rows (most saved bytes first)."""
@@ -414,6 +425,7 @@ class LayerProfiler:
             local.pending = None
         return local
 
+    @unseen
     @runtime_only
     def _pre(self, module: Any, args: Any) -> None:
         if is_compiling() or not self.active:
@@ -473,6 +485,7 @@ class LayerProfiler:
         except Exception:
             pass
 
+    @unseen
     @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if is_compiling() or not self.active:
@@ -531,6 +544,7 @@ class LayerProfiler:
 
     # -- micro-batches -------------------------------------------------------------------------
 
+    @unseen
     @runtime_only
     def _unpack(self, t: Any) -> Any:
         self._bw_seen = True  # a backward is using what was saved
@@ -566,6 +580,7 @@ class LayerProfiler:
 
     # -- backward time -------------------------------------------------------------------------
 
+    @unseen
     def _hook_backward(self, st: ModuleStats, args: Any, output: Any) -> None:
         """Pre-hooks on the grad_fns of the call's outputs (its backward starts) and inputs (it
         ends). One hook per node and step, shared by every call that starts or ends there (a
@@ -678,6 +693,7 @@ class LayerProfiler:
 
     # -- saved tensors -------------------------------------------------------------------------
 
+    @unseen
     @runtime_only
     def _pack(self, t: Any) -> Any:
         if not self.active:

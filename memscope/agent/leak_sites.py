@@ -56,6 +56,7 @@ from torch.overrides import TorchFunctionMode
 
 from memscope.agent.compiled import CompileWatch, compile_used, is_compiling, runtime_only, shield
 from memscope.agent.module_names import module_path
+from memscope.agent.unseen import unseen
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -291,6 +292,7 @@ class SiteCapture:
         if self.capturing and threading.get_ident() == self._thread:
             self._stack.append(module)
 
+    @unseen
     @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
         if is_compiling():
@@ -307,6 +309,7 @@ class SiteCapture:
         except Exception:
             pass
 
+    @unseen  # reading shape, grad_fn, storage of the program's tensor subclass: not seen by it
     def _see(self, out: Any, caller: Any) -> None:
         if threading.get_ident() != self._thread:
             return

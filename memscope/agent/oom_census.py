@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 from memscope.agent.inventory.graph import saved_attr_names
 from memscope.agent.optimizer_state import optimizer_state_tensors
+from memscope.agent.unseen import unseen
 
 MAX_SECONDS = 3.0  # wall time for the whole census (typically tens of milliseconds)
 MAX_NODES = 400_000  # autograd graph nodes walked
@@ -166,6 +167,8 @@ class _Counter:
         return k[1]
 
 
+
+@unseen
 def census(device: str, optimizers: Iterable[Any], roots: Iterable[tuple[Any, str]],
            log: CallLog | None = None, max_seconds: float = MAX_SECONDS) -> dict[str, Any] | None:
     """The live tensor bytes on ``device`` ("cpu" or "cuda:N") by category, and the activations

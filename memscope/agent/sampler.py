@@ -7,6 +7,8 @@ import sys
 import threading
 from typing import Callable
 
+from memscope.quiet_thread import QuietThread
+
 
 def rss_high_water_mark() -> int:
     """Peak RSS of this process since it started, in bytes (monotonic; never reset by us:
@@ -54,7 +56,7 @@ class SamplerThread:
         self._tick = tick
         self._on_error = on_error
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memscope-sampler", daemon=True)
+        self._thread = QuietThread(target=self._run, name="memscope-sampler")
 
     def start(self) -> None:
         self._thread.start()

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.nn.modules import module as _nn_module
 
+from memscope.agent.unseen import unseen
+
 if TYPE_CHECKING:
     from memscope.agent.host import CollectorHost
 
@@ -159,6 +161,7 @@ class TensorPeak:
             for o in obj:
                 self.add_tree(o, depth + 1)
 
+    @unseen  # storage and device reads of the program's tensors: not seen by its subclasses
     def add(self, t: Any) -> None:
         try:
             if t.is_sparse or t.device.type == "meta":

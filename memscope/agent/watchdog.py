@@ -14,6 +14,8 @@ from typing import Callable
 
 import psutil
 
+from memscope.quiet_thread import QuietThread
+
 
 class SupervisorWatch:
     def __init__(self, pid: int, on_gone: Callable[[int], None], interval: float = 1.0) -> None:
@@ -22,7 +24,7 @@ class SupervisorWatch:
         self._interval = interval
         self._stop = threading.Event()
         self._born: float | None = None
-        self._thread = threading.Thread(target=self._run, name="memscope-watchdog", daemon=True)
+        self._thread = QuietThread(target=self._run, name="memscope-watchdog")
 
     def start(self) -> None:
         try:

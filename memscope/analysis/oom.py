@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.display import shown_text
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
 
@@ -483,7 +484,8 @@ def _tips(r: OomReport) -> list[Fact]:
 
 def render(items: list[Fact], width: int = 10) -> str:
     """Labelled lines, the label in a column of ``width``."""
-    return "\n".join(f"{label.ljust(width)}{text}" for label, text in items)
+    # each fact is one line: a name from the run file in it is shown escaped (memscope.display)
+    return "\n".join(f"{label.ljust(width)}{shown_text(text)}" for label, text in items)
 
 
 def _rank_of(reader: RunReader, proc: int | None) -> int | None:

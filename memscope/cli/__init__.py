@@ -16,7 +16,13 @@ from memscope.cli import whatif
 from memscope.cli import estimate as estimate_cmd
 from memscope.cli import fit as fit_cmd
 from memscope.cli.errors import CliError
+from memscope.display import guarded_stdout, safe_lines, shown_text
 from memscope.store.schema import RunFileError
+
+# commands whose stdout is data for another program (export -, report --html -, any --json), or
+# not ours (tui draws on the terminal itself); every other text command prints through
+# memscope.display's guard
+_RAW_STDOUT = {"export", "tui"}
 
 COMMANDS = {
     "attach": attach,
@@ -39,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, not a usage block."""
 
     def error(self, message: str) -> NoReturn:
-        raise CliError(f"{self.prog}: {message} (see --help)")
+        # main prints "memscope: error: " before it: say the subcommand, not "memscope" again
+        where = self.prog.removeprefix("memscope").strip()
+        raise CliError(f"{where}: {message} (see --help)" if where else f"{message} (see --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,11 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             # attach owns everything after the script name: parse it by hand (see attach.split)
             return attach.main(args_list[1:])
         parser = build_parser()
-        args = parser.parse_args(args_list)
+        args, extra = parser.parse_known_args(args_list)
+        if extra:  # argparse would name the top-level parser, not the subcommand they were given to
+            where = f"{args.command}: " if args.command else ""
+            raise CliError(f"{where}unrecognized arguments: {' '.join(extra)} (see --help)")
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
-        return int(COMMANDS[args.command].run(args))
+        if args.command in _RAW_STDOUT or getattr(args, "json", False) or getattr(args, "html", None) == "-":
+            return int(COMMANDS[args.command].run(args))
+        with guarded_stdout():  # names from a run file never drive the terminal (memscope.display)
+            return int(COMMANDS[args.command].run(args))
     except (CliError, RunFileError) as exc:
         print(f"memscope: error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -77,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"memscope: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(safe_lines(f"memscope: error: {where}{exc.strerror or exc}"), file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a bug must still end in one line, not a traceback
         if os.environ.get("MEMSCOPE_DEBUG"):
@@ -88,9 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    """An error as one line: SQLite quotes whole statements, newlines and all."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 500 else text[:497] + "..."
+    """An error as one line: SQLite quotes whole statements, newlines and all; a name from a run
+    file in it is shown through memscope.display (no control characters, bounded length)."""
+    return shown_text(" ".join(str(exc).split()))
 
 
 def entry() -> NoReturn:

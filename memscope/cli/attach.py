@@ -11,6 +11,7 @@ from memscope.agent.config import TECHNIQUES, AgentOptions
 from memscope.units import parse_size
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
+from memscope.display import safe_lines
 from memscope.report.text import render_headless
 from memscope.store.reader import RunReader
 from memscope.store.runs import compact, create_run, default_db_path, discard_run, finish_run, prepare_path
@@ -194,11 +195,11 @@ def main(argv: Sequence[str]) -> int:
     try:
         with RunReader(db) as reader:
             for line in agent_notices(reader):
-                print(line, file=sys.stderr)
+                print(safe_lines(line), file=sys.stderr)
             summary = summarize(reader)
         if not recorded:  # the file still says running: it is this process's word that counts
             summary.status = f"{child.run_status} (not in the run file)"
-        print(render_headless(summary), file=sys.stderr)
+        print(safe_lines(render_headless(summary)), file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the training's exit status must come out, whatever
         print(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}",
               file=sys.stderr)

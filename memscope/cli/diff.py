@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Callable
 
+from memscope.display import shown, shown_text
 from memscope.analysis.diff import Delta, RunDiff, diff_runs, to_json
 from memscope.analysis.summary import summarize
 from memscope.units import human_bytes
@@ -47,7 +48,7 @@ def render(d: RunDiff) -> str:
     add("leak growth / step", d.leak_bytes_per_step)
     for rank, v in d.rank_peaks.items():
         add(f"rank {rank} peak", v)
-    lines = [f"A  {d.a}", f"B  {d.b}"]
+    lines = [f"A  {shown_text(d.a)}", f"B  {shown_text(d.b)}"]
     if not d.same_metric:
         lines.append(f"note: the peaks measure different things (A: {_metric(d.metric[0])}, "
                      f"B: {_metric(d.metric[1])}); compare them with care")
@@ -62,13 +63,13 @@ def render(d: RunDiff) -> str:
                      f"{d.layer_step.b}), largest changes first")
         lrows = [["module", "type", "A", "B", "B - A"]]
         for x in changed[:_LAYERS]:
-            lrows.append([x.module or "(model)", x.type or "-", human_bytes(x.bytes.a),
+            lrows.append([shown(x.module) or "(model)", shown(x.type) or "-", human_bytes(x.bytes.a),
                           human_bytes(x.bytes.b), _signed(x.bytes.delta, human_bytes)])
         lines.append(_table(lrows, left=2))
         if len(changed) > _LAYERS:
             lines.append(f"  ... {len(changed) - _LAYERS} more changed modules (--json lists all)")
     for lk in d.leaks:
-        what = f"{lk.category} {lk.dtype} {lk.shape}" + (f" {lk.grad_fn}" if lk.grad_fn else "")
+        what = shown_text(f"{lk.category} {lk.dtype} {lk.shape}" + (f" {lk.grad_fn}" if lk.grad_fn else ""))
         side = ("fixed in B" if lk.bytes_per_step.b is None else
                 "new in B" if lk.bytes_per_step.a is None else "in both")
         lines.append(f"leak    {what}: A {_per_step(lk.bytes_per_step.a)}, "

@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 
+from memscope.display import shown_text
 from memscope.analysis.estimate import OPTIMIZERS, PRECISIONS, Estimate, EstimateError, Inputs, estimate
 from memscope.cli.errors import CliError
 
@@ -92,7 +93,7 @@ def render(e: Estimate) -> str:
         how = "full checkpointing" if i.checkpointing else f"{i.layers} layers x {_size(e.activations_per_layer)}"
         lines.append(f"  {'activations':<16} {_size(acts):>24}   {how} (Korthikanti et al.) + output layer")
     lines.append(f"  {'total':<16} {_size(e.total):>24}   before allocator caching and the CUDA context")
-    lines.extend(f"note      {n}" for n in e.notes)
+    lines.extend(f"note      {shown_text(n)}" for n in e.notes)
     return "\n".join(lines)
 
 

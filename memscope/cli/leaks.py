@@ -13,6 +13,7 @@ from memscope.analysis.unexplained import UnexplainedGrowth
 from memscope.analysis.workers import WorkerGrowth
 from memscope.cli.errors import CliError
 from memscope.constants import NODE_BYTES, WARMUP_STEPS
+from memscope.display import shown, shown_text
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
@@ -78,7 +79,7 @@ def _leak_json(lk: Leak) -> dict[str, Any]:
 
 
 def _what(category: str, dtype: str | None, shape: list[int] | None, grad_fn: str | None) -> str:
-    return f"{category} {dtype} {shape}" + (f" {grad_fn}" if grad_fn else "")
+    return shown_text(f"{category} {dtype} {shape}" + (f" {grad_fn}" if grad_fn else ""))
 
 
 def render(a: int, b: int, steps: list[int], changes: list[GroupDiff], s: RunSummary,
@@ -126,17 +127,17 @@ def none_line(check: LeakCheck) -> str:
 
 def leak_lines(lk: Leak) -> list[str]:
     if lk.kind == "graph":
-        head = (f"LEAK  {describe(lk)}: ~{human_bytes(lk.bytes_per_step)}/step "
+        head = (f"LEAK  {shown_text(describe(lk))}: ~{human_bytes(lk.bytes_per_step)}/step "
                 f"(estimated at {NODE_BYTES} bytes a node), steps {lk.first_step}–{lk.last_step}")
     else:
-        head = (f"LEAK  {describe(lk)}: +{human_bytes(lk.bytes_per_step)}/step, "
+        head = (f"LEAK  {shown_text(describe(lk))}: +{human_bytes(lk.bytes_per_step)}/step, "
                 f"{lk.tensors_per_step:g} tensors/step, steps {lk.first_step}–{lk.last_step}")
     return [head,
-            f"      held by {lk.held_by or 'unknown'}"
-            + (f" · stored at {lk.site}" if lk.site else "")
-            + (f" · made at {lk.created_at}" if lk.created_at and lk.created_at != lk.site else "")
-            + (f" · from the forward of {lk.module or '(model)'}" if lk.module is not None else ""),
-            f"      fix: {fix_how(lk)}"]
+            f"      held by {shown(lk.held_by or 'unknown')}"
+            + (f" · stored at {shown(lk.site)}" if lk.site else "")
+            + (f" · made at {shown(lk.created_at)}" if lk.created_at and lk.created_at != lk.site else "")
+            + (f" · from the forward of {shown(lk.module) or '(model)'}" if lk.module is not None else ""),
+            f"      fix: {shown_text(fix_how(lk))}"]
 
 
 def unexplained_lines(u: UnexplainedGrowth) -> list[str]:
@@ -144,7 +145,7 @@ def unexplained_lines(u: UnexplainedGrowth) -> list[str]:
     return [f"GROWTH {metric} +{human_bytes(u.bytes_per_step)}/step from step {u.first_step} to "
             f"{u.last_step} that no tensor group explains (inventories: "
             f"+{human_bytes(u.explained_bytes_per_step)}/step)",
-            f"      fix: {u.how()}"]
+            f"      fix: {shown_text(u.how())}"]
 
 
 def worker_lines(w: WorkerGrowth) -> list[str]:
@@ -152,4 +153,4 @@ def worker_lines(w: WorkerGrowth) -> list[str]:
     return [f"WORKERS {w.workers} of {w.of_workers} DataLoader worker(s) copied "
             f"{human_bytes(w.uss_end - w.uss_start)} of the dataset into private memory "
             f"({human_bytes(w.uss_start)} → {human_bytes(w.uss_end)} USS in {w.seconds:.0f} s{per_step})",
-            f"      fix: {w.how()}"]
+            f"      fix: {shown_text(w.how())}"]

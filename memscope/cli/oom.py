@@ -8,6 +8,7 @@ import json
 from memscope.analysis.oom import ABSURD_REQUEST, OomReport, facts, post_mortem, render
 from memscope.analysis.suggestions import suggest
 from memscope.store.reader import RunReader
+from memscope.display import shown, shown_text
 from memscope.units import human_bytes
 
 HELP = "explain an out-of-memory failure (or a kill) recorded in a run file"
@@ -37,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if tips:
         print("measured  techniques ranked by estimated saving (memscope report RUN.db for more)")
         for t in tips:
-            print(f"          {t.technique}: about {human_bytes(t.estimated_saving_bytes)} · {t.how}")
-            print(f"            why: {t.evidence}")
+            saving = human_bytes(t.estimated_saving_bytes)
+            print(f"          {shown(t.technique)}: about {saving} · {shown_text(t.how)}")
+            print(f"            why: {shown_text(t.evidence)}")
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from typing import Any
 
+from memscope.display import shown_text
 from memscope.agent.config import TECHNIQUES
 from memscope.analysis.suggestions import checkpoint_plan_for, suggest
 from memscope.analysis.summary import summarize
@@ -138,7 +139,7 @@ def render(script: str, steps: int, metric: str, comps: list[Comparison], note: 
     lines = [f"what-if: {script}, {steps} steps per run; measured saving = "
              f"{_MEASURES.get(measured_by, measured_by)}"]
     if note:
-        lines.append(f"  {note}")
+        lines.append(f"  {shown_text(note)}")
     table = [["technique", "applied", "measured", "estimated", "error", "breakdown",
               "peak (" + metric + ")"]]
     for c in comps:
@@ -161,7 +162,7 @@ def render(script: str, steps: int, metric: str, comps: list[Comparison], note: 
         why = next((a["why"] for a in c.trial.applied
                     if a.get("technique") == c.technique and not a.get("applied") and a.get("why")), None)
         if why:
-            lines.append(f"  {c.technique}: not applied: {why}")
+            lines.append(f"  {c.technique}: not applied: {shown_text(why)}")
         if c.baseline.breakdown and c.trial.breakdown:
             parts = " · ".join(f"{k.replace('_', ' ')} {human_bytes(c.baseline.breakdown[k])} → "
                                f"{human_bytes(c.trial.breakdown[k])}"

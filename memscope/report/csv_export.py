@@ -12,15 +12,24 @@
   file's own column names (so a spreadsheet sees the same data as SQL would).
 
 Rows are streamed from SQLite: nothing is held in memory.
+
+A run file can come from someone else: only the tables memscope's schema knows are written (a
+table name never becomes a path), every file lands inside the directory (a symlink there is
+replaced, not followed), and a text cell that a spreadsheet would run as a formula (it starts
+with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return) gets a leading ``'`` (OWASP's rule);
+numbers stay numbers.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import os
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
+from memscope.errors import UserError
 from memscope.store.reader import RunReader
+from memscope.store.schema import SCHEMA_VERSION, expected_tables
 
 TIMELINE_COLUMNS = ["rank", "proc", "time_s", "unix_time", "step", "phase", "metric", "device",
                     "bytes"]
@@ -38,7 +47,7 @@ def timeline_rows(reader: RunReader) -> Iterator[list[Any]]:
         def row(t: float, step: Any, phase: Any, metric: str, device: str, value: Any,
                 rank: Any = rank, proc: Any = proc) -> list[Any]:
             return [_blank(rank), proc, f"{t - origin:.6f}", f"{t:.6f}", _blank(step),
-                    _blank(phase), metric, device, int(value)]
+                    _cell(phase), metric, device, int(value)]
 
         for t, step, phase, rss in reader.rows(
                 "SELECT t, step, phase, rss FROM samples WHERE proc = ? ORDER BY t", (proc,)):
@@ -66,10 +75,12 @@ def write_timeline(reader: RunReader, out: TextIO) -> int:
 
 
 def tables(reader: RunReader) -> list[str]:
+    """The run file's tables that memscope's schema knows (any other table is not ours: its
+    name could be ``../../x``), in name order."""
+    known = set(expected_tables(SCHEMA_VERSION)) - SKIP_TABLES
     names = [r["name"] for r in reader.query(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-        " ORDER BY name")]
-    return [n for n in names if n not in SKIP_TABLES]
+        "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    return [n for n in names if n in known]
 
 
 def write_table(reader: RunReader, table: str, out: TextIO) -> int:
@@ -80,23 +91,62 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     w.writerow(reader.columns(table))
     n = 0
     for r in reader.rows(f'SELECT * FROM "{table}"', checked=False):  # the table as it is
-        w.writerow([_blank(v) for v in r])
+        w.writerow([_cell(v) for v in r])
         n += 1
     return n
 
 
 def write_directory(reader: RunReader, directory: str) -> dict[str, int]:
-    """``timeline.csv`` and one CSV per table into ``directory`` (created if missing; its
-    parent must exist). Returns {file name: data rows}."""
+    """``timeline.csv`` and one CSV per known table into ``directory`` (created if missing; its
+    parent must exist). Refuses a ``directory`` that is a file or a symbolic link. Returns
+    {file name: data rows}."""
+    if os.path.islink(directory.rstrip(os.sep) or directory):  # "link/" follows the link
+        raise UserError(f"export: --csv {directory}: is a symbolic link; give the directory itself")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(f"export: --csv {directory}: exists and is not a directory")
     os.makedirs(directory, exist_ok=True)
     written: dict[str, int] = {}
-    with open(os.path.join(directory, "timeline.csv"), "w", newline="", encoding="utf-8") as f:
-        written["timeline.csv"] = write_timeline(reader, f)
+    written["timeline.csv"] = _write_inside(directory, "timeline.csv", lambda f: write_timeline(reader, f))
     for table in tables(reader):
         name = f"{table}.csv"
-        with open(os.path.join(directory, name), "w", newline="", encoding="utf-8") as f:
-            written[name] = write_table(reader, table, f)
+        written[name] = _write_inside(directory, name, functools.partial(write_table, reader, table))
     return written
+
+
+def _write_inside(directory: str, name: str, write: Callable[..., int]) -> int:
+    """Write ``directory/name`` through a new file beside it, renamed over the name: a symlink
+    already at that name is replaced, never written through."""
+    if os.path.basename(name) != name or name in (".", ".."):  # known tables only; checked anyway
+        raise UserError(f"export: refusing to write {name!r}: not a plain file name")
+    path = os.path.join(directory, name)
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with open(fd, "w", newline="", encoding="utf-8") as f:
+            n = write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return n
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(v: Any) -> Any:
+    """A value as a CSV cell: NULL empty; text a spreadsheet would evaluate (``=HYPERLINK(...)``)
+    with a leading ``'``; numbers as they are."""
+    if v is None:
+        return ""
+    if isinstance(v, str) and v.startswith(_FORMULA_START):
+        return "'" + v
+    if isinstance(v, bytes):  # a BLOB: shown as hex, never raw bytes
+        return v.hex()
+    return v
 
 
 def _blank(v: Any) -> Any:

@@ -22,6 +22,7 @@ from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, memory_timeline
 from memscope.report.format import breakdown_source, clock
+from memscope.display import shown_text
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 
@@ -35,7 +36,9 @@ OOM_COLOR = "#d62728"
 
 
 def esc(v: Any) -> str:
-    return html.escape("-" if v is None else str(v), quote=True)
+    """Any text on the page: shown through memscope.display (no controls, no bidi overrides,
+    bounded), then HTML-escaped."""
+    return html.escape("-" if v is None else shown_text(v), quote=True)
 
 
 # -- the chart -------------------------------------------------------------------------------

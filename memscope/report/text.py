@@ -9,6 +9,7 @@ from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
+from memscope.display import shown, shown_text
 from memscope.report.format import breakdown_source, clock
 from memscope.units import human_bytes
 
@@ -24,21 +25,21 @@ def render_summary(s: RunSummary) -> str:
         ending = s.status
     duration = f" ({s.ended - s.started:.1f} s)" if s.started and s.ended else ""
     lines = [
-        f"run       {shlex.join(s.command)}",
-        f"status    {ending}" + (f" · {s.cut_short}" if s.cut_short else ""),
-        f"device    {s.device} · torch {s.torch or '?'} · {len(s.processes)} process(es)",
+        f"run       {shown_text(shlex.join(s.command))}",
+        f"status    {shown(ending)}" + (f" · {shown_text(s.cut_short)}" if s.cut_short else ""),
+        f"device    {shown(s.device)} · torch {shown(s.torch or '?')} · {len(s.processes)} process(es)",
         f"time      {clock(s.started)} → {_end(s)}{duration}",
     ]
     for t in s.techniques:  # attach --try: the numbers below are of the changed training
-        lines.append(f"{'applied' if t['applied'] else 'not applied':<9} {t['message']} (--try)")
+        lines.append(f"{'applied' if t['applied'] else 'not applied':<9} {shown_text(t['message'])} (--try)")
     step_line = f"steps     {s.steps} completed"
     if s.step_mode:
-        step_line += f" (boundaries: {s.step_mode})"
+        step_line += f" (boundaries: {shown(s.step_mode)})"
     if s.median_step_s is not None:
         step_line += f", median {s.median_step_s * 1000:.0f} ms/step"
     lines.append(step_line)
     lines.append(f"samples   {s.samples}" + (f" ({s.dropped} dropped)" if s.dropped else ""))
-    lines.extend(f"recording {note}" for note in s.recording)
+    lines.extend(f"recording {shown_text(note)}" for note in s.recording)
     if s.peak.bytes is None:
         lines.append("peak      -")
     else:
@@ -54,7 +55,7 @@ def render_summary(s: RunSummary) -> str:
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
                                                for k, v in bd.items()) + breakdown_source(s.peak))
     if s.oom is not None and s.oom.kind == "oom":
-        where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
+        where = ", ".join(shown(x) for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
         on = f" on rank {s.oom.rank}" if s.oom.rank is not None else ""
         lines.append(f"oom       out of memory{on} {at} ({where}), requested "
@@ -83,8 +84,8 @@ def render_leaks(s: RunSummary) -> list[str]:
     out = []
     for lk in s.leaks[:3]:
         per_step = ("~" if lk.kind == "graph" else "+") + human_bytes(lk.bytes_per_step)
-        out.append(f"leak      {describe(lk)}: {per_step}/step, held by "
-                   f"{lk.held_by or 'unknown'} (memscope leaks RUN.db)")
+        out.append(f"leak      {shown_text(describe(lk))}: {per_step}/step, held by "
+                   f"{shown(lk.held_by or 'unknown')} (memscope leaks RUN.db)")
     if len(s.leaks) > 3:
         out.append(f"          {len(s.leaks) - 3} more (memscope leaks RUN.db)")
     if not s.leaks:
@@ -112,9 +113,9 @@ def render_suggestions(items: list[Suggestion], top: int = 5, indent: str = "  "
     more = f"; {len(items) - top} more in --json" if len(items) > top else ""
     out = [f"suggestions ranked by estimated saving at the peak{more}"]
     for x in items[:top]:
-        out.append(f"{indent}{x.technique}: saves about {human_bytes(x.estimated_saving_bytes)}")
-        out.append(f"{indent}  how   {x.how}")
-        out.append(f"{indent}  why   {x.evidence}")
+        out.append(f"{indent}{shown(x.technique)}: saves about {human_bytes(x.estimated_saving_bytes)}")
+        out.append(f"{indent}  how   {shown_text(x.how)}")
+        out.append(f"{indent}  why   {shown_text(x.evidence)}")
     return out
 
 
@@ -131,11 +132,11 @@ def render_ranks(ranks: list[RankSummary], metric: str) -> list[str]:
                  f" vs rank {_rank(lo)} {human_bytes(lo.peak_bytes)})")
     table = [["rank", "local", "host", "steps", "peak", "at step", "ms/step", "status"]]
     for r in ranks:
-        table.append([_rank(r), "-" if r.local_rank is None else str(r.local_rank), r.host or "-",
+        table.append([_rank(r), "-" if r.local_rank is None else str(r.local_rank), shown(r.host or "-"),
                       str(r.steps), human_bytes(r.peak_bytes),
                       "-" if r.peak_step is None else str(r.peak_step),
                       "-" if r.median_step_s is None else f"{r.median_step_s * 1000:.0f}",
-                      r.status + (" OOM" if r.oom else "")])
+                      shown(r.status) + (" OOM" if r.oom else "")])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     out = [head]
     for row in table:
@@ -156,7 +157,8 @@ def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str
         head += ["outputs", "forward ms", "backward ms", "calls"]
     table = [head]
     for h in spots:
-        row = [h.module or "(model)", h.type or "-", human_bytes(h.activation_bytes), f"{h.share * 100:.1f}%"]
+        row = [shown(h.module) or "(model)", shown(h.type) or "-", human_bytes(h.activation_bytes),
+               f"{h.share * 100:.1f}%"]
         if with_details:
             row += [human_bytes(h.output_bytes), f"{h.forward_s * 1000:.2f}",
                     "-" if h.backward_s is None else f"{h.backward_s * 1000:.2f}", str(h.calls)]
@@ -172,8 +174,8 @@ def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str
 def render_headless(s: RunSummary) -> str:
     peak = human_bytes(s.peak.bytes) if s.peak.bytes is not None else "-"
     step = f" at step {s.peak.step}" if s.peak.step is not None else ""
-    line = (f"memscope: {s.path} · {s.steps} steps · peak {peak} "
-            f"{_METRIC.get(s.peak.metric, s.peak.metric)}{step} · {s.status}")
+    line = (f"memscope: {shown_text(s.path)} · {s.steps} steps · peak {peak} "
+            f"{_METRIC.get(s.peak.metric, s.peak.metric)}{step} · {shown(s.status)}")
     if s.dropped:
         line += f" · {s.dropped} rows dropped"
-    return "\n".join([line, *(f"memscope: recording {note}" for note in s.recording)])
+    return "\n".join([line, *(f"memscope: recording {shown_text(note)}" for note in s.recording)])

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from memscope.quiet_thread import QuietThread
 from memscope.store.closing import ClosingConnection
 from memscope.store.schema import RunFileError, migrate
 
@@ -171,7 +172,7 @@ class RunWriter:
         self._retry = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="memscope-writer", daemon=True)
+        self._thread = QuietThread(target=self._run, name="memscope-writer")
         self._thread.start()
 
     def insert(self, table: str, row: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Callable
 
+from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -25,6 +26,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
+from memscope.display import shown, shown_text
 from memscope_tui.data import Selection, Snapshot, load_snapshot
 from memscope_tui.views import View
 from memscope_tui.views.breakdown import BreakdownView
@@ -145,7 +147,7 @@ class MemscopeApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = self.db
+        self.sub_title = shown_text(self.db)
         self._poll_timer = self.set_interval(self.poll_s, self._poll, pause=True)
         self._request_load()
 
@@ -196,8 +198,8 @@ class MemscopeApp(App[int]):
                 self._poll_timer.pause()
         self._show(snap)
         if was_live and not self.live and self.attached:
-            self.notify(f"training ended: {run_state(snap.summary)}; q closes the dashboard",
-                        timeout=10)
+            self.notify(f"training ended: {shown(run_state(snap.summary))}; q closes the dashboard",
+                        timeout=10, markup=False)
         elif was_live and snap.summary.status == "abandoned":
             self.notify("no process is left writing this run (killed?): stopped refreshing",
                         title="run abandoned", severity="warning", timeout=10)
@@ -205,7 +207,8 @@ class MemscopeApp(App[int]):
 
     def on_memscope_app_load_failed(self, message: MemscopeApp.LoadFailed) -> None:
         if message.error != self.last_error:
-            self.notify(message.error, title="cannot read the run file", severity="error", timeout=4)
+            self.notify(shown_text(message.error), title="cannot read the run file", severity="error",
+                        timeout=4, markup=False)
         self.last_error = message.error
         # keep trying while the run may still be going (or before the first good read: a file
         # `memscope attach` has only just created may not have its tables yet)
@@ -226,16 +229,16 @@ class MemscopeApp(App[int]):
             view.show(snap, self.filter_text)
         s = snap.summary
         state = run_state(s)
-        parts = [state]
+        parts = [shown(state)]
         if self.live:  # the refresh cost; a finished run is read once (and snapshots stay fixed)
             parts.append(f"read in {snap.read_s * 1000:.0f} ms every {self.poll_s:g} s")
         elif s.status == "abandoned":
             parts.append("no process is left writing it: not refreshing")
         if self.filter_text:
-            parts.append(f"filter: {self.filter_text}")
+            parts.append(f"filter: {shown(self.filter_text)}")
         if self.attached and self.live:
             parts.append("q closes the dashboard, training goes on · ctrl+c interrupts training")
-        self.query_one("#state", Static).update(" · ".join(parts))
+        self.query_one("#state", Static).update(Text(" · ".join(parts)))  # Text: never markup
         tabs = self.query_one(TabbedContent)
         tabs.get_tab("oom").label = "6 OOM" + (" !" if s.oom is not None else "")
         tabs.get_tab("leaks").label = "3 Leaks" + (f" {len(s.leaks)}!" if s.leaks else "")
@@ -269,7 +272,7 @@ class MemscopeApp(App[int]):
             return
         why_not = self.query_one(OverviewView).next_metric(self.snapshot)
         if why_not:
-            self.notify(why_not, timeout=2)
+            self.notify(why_not, timeout=2, markup=False)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -312,7 +315,7 @@ class MemscopeApp(App[int]):
         try:
             os.kill(os.getppid(), signal.SIGINT)
         except OSError as exc:
-            self.notify(f"cannot interrupt the training: {exc}", severity="error")
+            self.notify(f"cannot interrupt the training: {exc}", severity="error", markup=False)
             return
         self.interrupted = True
         self.notify("interrupt sent to the training; the dashboard stays until q", timeout=5)

@@ -11,6 +11,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable
 
 from memscope.analysis.timeline import StepMark
+from memscope.display import NAME_LIMIT, shown
 
 BAR_CELLS = 10
 
@@ -25,7 +26,13 @@ def bar(share: float, width: int = BAR_CELLS) -> Text:
 
 
 def right(value: str) -> Text:
-    return Text(value, justify="right")
+    return Text(shown(value), justify="right")
+
+
+def plain(value: object, limit: int = NAME_LIMIT, style: str = "") -> Text:
+    """A string from the run file as a cell or a line: plain text (never markup: a name like
+    ``[@click=quit]`` is shown, not run) through memscope.display (no control characters)."""
+    return Text(shown(value, limit), style=style)
 
 
 def fill_table(table: DataTable[Any], columns: list[tuple[str, str]], rows: list[tuple[str, list[Any]]],
@@ -44,7 +51,8 @@ def fill_table(table: DataTable[Any], columns: list[tuple[str, str]], rows: list
     else:
         table.clear()
     for row_key, cells in rows:
-        table.add_row(*cells, key=row_key)
+        # a str cell would be parsed as markup by the table: data is drawn as plain text only
+        table.add_row(*(plain(c) if isinstance(c, str) else c for c in cells), key=row_key)
     state[name] = key
     if rows:
         table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
@@ -56,7 +64,7 @@ def fit_columns(columns: list[tuple[str, str]], rows: list[list[Any]], width: in
     columns not in ``priority`` plus as many of ``priority`` (most wanted first) as fit. A
     DataTable cell is its widest value plus one cell of padding each side."""
     def need(i: int) -> int:
-        return max([len(columns[i][0])] + [len(Text.from_markup(c).plain) if isinstance(c, str)
+        return max([len(columns[i][0])] + [len(shown(c)) if isinstance(c, str)
                                            else len(c.plain) if isinstance(c, Text) else len(str(c))
                                            for c in (r[i] for r in rows)]) + 2
     widths = [need(i) for i in range(len(columns))]

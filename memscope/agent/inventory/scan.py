@@ -30,6 +30,7 @@ from memscope.agent.inventory.graph import GraphWalker
 from memscope.agent.inventory.holders import find_holders
 from memscope.agent.inventory.live import LiveTensors
 from memscope.agent.optimizer_state import optimizer_state_tensors
+from memscope.agent.unseen import unseen
 
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
@@ -128,6 +129,8 @@ def _from_optimizers(optimizers: Iterable[Any]) -> list[tuple[str, Any]]:
     return out
 
 
+
+@unseen
 def take_inventory(live: LiveTensors | None, optimizers: Iterable[Any],
                    suspects: set[Signature] | frozenset[Signature] = frozenset(),
                    walk_graphs: bool = True) -> Inventory:

@@ -14,7 +14,7 @@ from memscope.names import module_label
 from memscope.units import short_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import SelectionChanged, bar, fill_table, fit_columns, right
+from memscope_tui.widgets import SelectionChanged, bar, fill_table, fit_columns, right, plain
 
 # sort keys, cycled with s: (label, key function, the column it sorts by)
 SORTS: list[tuple[str, Any, str]] = [
@@ -115,7 +115,7 @@ class LayersView(View):
 
 def _cells(h: Hotspot) -> list[Any]:
     name = "(model)" if h.module == "" else h.module  # its type is in the next column
-    return [name, h.type or "", right(short_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
+    return [plain(name), plain(h.type or ""), right(short_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
             bar(h.share), right(short_bytes(h.output_bytes)), right(f"{h.forward_s * 1000:.1f}"),
             right("-" if h.backward_s is None else f"{h.backward_s * 1000:.1f}"),  # None: no backward ran
             right(str(h.calls))]

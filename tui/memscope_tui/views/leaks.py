@@ -12,9 +12,10 @@ from textual.widgets import DataTable, Static
 from memscope.analysis.leaks import GroupDiff, Leak
 from memscope.analysis.summary import RunSummary
 from memscope.units import human_bytes
+from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import SelectionChanged, fill_table, right
+from memscope_tui.widgets import SelectionChanged, fill_table, plain, right
 
 DIFF_COLUMNS = [("category", "cat"), ("dtype", "dtype"), ("shape", "shape"), ("grad_fn", "fn"),
                 ("tensors", "count"), ("Δ bytes", "delta"), ("now", "bytes")]
@@ -25,17 +26,17 @@ def leak_line(lk: Leak) -> Text:
     text.append("LEAK ", style="bold red")
     if lk.kind == "graph":
         text.append(f"~{human_bytes(lk.bytes_per_step)}/step", style="bold")
-        text.append(f" autograd graph kept by {lk.category} {lk.dtype} {lk.shape}"
-                    f" ({lk.grad_fn}), {lk.graph_nodes_per_step:g} nodes/step")
+        text.append(shown_text(f" autograd graph kept by {lk.category} {lk.dtype} {lk.shape}"
+                               f" ({lk.grad_fn}), {lk.graph_nodes_per_step:g} nodes/step"))
     else:
         text.append(f"+{human_bytes(lk.bytes_per_step)}/step", style="bold")
-        text.append(f" {lk.category} {lk.dtype} {lk.shape}")
+        text.append(shown_text(f" {lk.category} {lk.dtype} {lk.shape}"))
         if lk.grad_fn:
-            text.append(f" ({lk.grad_fn})")
+            text.append(f" ({shown(lk.grad_fn)})")
     text.append(f" steps {lk.first_step}–{lk.last_step}")
-    text.append(f" · held by {lk.held_by or '?'}")
+    text.append(f" · held by {shown(lk.held_by or '?')}")
     if lk.site:
-        text.append(f" · {lk.site}")
+        text.append(f" · {shown(lk.site)}")
     return text
 
 
@@ -121,7 +122,7 @@ def _steps(steps: list[int], first: int) -> str:
 
 def _cells(d: GroupDiff) -> list[Any]:
     sign = "+" if d.bytes_delta > 0 else "-"
-    return [d.category, d.dtype or "", str(d.shape), d.grad_fn or "",
+    return [plain(d.category), plain(d.dtype or ""), plain(str(d.shape)), plain(d.grad_fn or ""),
             right(f"{d.count_from}→{d.count_to}"),
             Text(f"{sign}{human_bytes(abs(d.bytes_delta))}", justify="right",
                  style="bold red" if d.bytes_delta > 0 else "green"),

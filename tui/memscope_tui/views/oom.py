@@ -15,6 +15,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from memscope.analysis.oom import facts
+from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View
 
@@ -43,10 +44,10 @@ class OomView(View):
             title.append(f" on rank {r.rank}")
         title.append(f" at step {r.step if r.step is not None else '?'}")
         if r.phase:
-            title.append(f", {r.phase}")
+            title.append(f", {shown(r.phase)}")
         if r.module:
             title.append(" in module ")
-            title.append(r.module, style="bold")
+            title.append(shown(r.module), style="bold")
         title.append("\n")
         # two columns: a long fact wraps under its own text, not under the labels
         grid = Table.grid(padding=(0, 1))
@@ -56,5 +57,5 @@ class OomView(View):
         for label, text in facts(r):
             section = label or section
             grid.add_row(Text(label, style=_STYLE.get(label, "bold")),
-                         Text(text, style="green" if section == "change" else ""))
+                         Text(shown_text(text), style="green" if section == "change" else ""))
         box.update(Group(title, grid))

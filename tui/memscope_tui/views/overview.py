@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from memscope.analysis.summary import RunSummary
 from memscope.analysis.timeline import METRIC_LABELS, Series, StepRow
+from memscope.display import shown, shown_text
 from memscope.units import human_bytes
 from memscope_tui.data import BUCKETS, Snapshot
 from memscope_tui.views import View, matches
@@ -34,7 +35,7 @@ def run_state(s: RunSummary) -> str:
 def status_text(s: RunSummary, now: Callable[[], float] = time.time) -> Text:
     state = run_state(s)
     text = Text()
-    text.append(state, style=_STATE_STYLE.get(state, "bold"))
+    text.append(shown(state), style=_STATE_STYLE.get(state, "bold"))
     if s.signal is not None:
         text.append(f" (signal {s.signal})")
     elif s.exit_code is not None:
@@ -51,15 +52,15 @@ def status_text(s: RunSummary, now: Callable[[], float] = time.time) -> Text:
 
 def device_text(s: RunSummary, pos: tuple[int | None, str | None]) -> Text:
     procs = len(s.processes)
-    text = Text(f"{s.device} · torch {s.torch or '?'}")
+    text = Text(f"{shown(s.device)} · torch {shown(s.torch or '?')}")
     if procs > 1:
         text.append(f" · {procs} processes")
     if s.median_step_s is not None:
         text.append(f" · median step {s.median_step_s * 1000:.0f} ms")
     if s.step_mode:
-        text.append(f" · steps by {s.step_mode}")
+        text.append(f" · steps by {shown(s.step_mode)}")
     if s.status == "running" and pos[0] is not None:
-        text.append(f" · now step {pos[0]}" + (f" {pos[1]}" if pos[1] else ""), style="bold")
+        text.append(f" · now step {pos[0]}" + (f" {shown(pos[1])}" if pos[1] else ""), style="bold")
     return text
 
 
@@ -69,7 +70,7 @@ def peak_text(s: RunSummary) -> Text:
         text.append("-")
         return text
     text.append(human_bytes(s.peak.bytes), style="bold")
-    text.append(f" {METRIC_LABELS.get(s.peak.metric, s.peak.metric)}")
+    text.append(f" {shown(METRIC_LABELS.get(s.peak.metric, s.peak.metric))}")
     text.append(f" at step {s.peak.step}" if s.peak.step is not None else " outside any step")
     return text
 
@@ -104,7 +105,7 @@ class OverviewView(View):
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
         s = snap.summary
-        command = shlex.join(s.command) if s.command else "?"
+        command = shown_text(shlex.join(s.command)) if s.command else "?"
         self.query_one("#command", Static).update(Text.assemble(("memscope ", "bold"), command))
         self.query_one("#status", Static).update(status_text(s, self.now))
         self.query_one("#device", Static).update(device_text(s, snap.position))
@@ -138,7 +139,7 @@ class OverviewView(View):
             ruler.marks, ruler.span = (), (0.0, 0.0)
             return
         caption.update(Text.assemble(
-            (series.label, "bold"),
+            (shown(series.label), "bold"),
             f" · high {human_bytes(series.max)} · low {human_bytes(series.min)}"
             f" · now {human_bytes(series.last)}",
             (" · m: next metric" if len(series_by) > 1 else "", "dim")))
@@ -157,7 +158,7 @@ class OverviewView(View):
                                 right(human_bytes(r.peak_rss))]
             if cuda:
                 cells += [right(human_bytes(r.peak_allocated)), right(human_bytes(r.peak_reserved))]
-            cells.append(Text(r.status, style="" if r.status == "ok" else "bold red"))
+            cells.append(Text(shown(r.status), style="" if r.status == "ok" else "bold red"))
             out.append((str(r.step), cells))
         fill_table(self.query_one("#steps", DataTable), columns, out, self.drawn, "steps")
 

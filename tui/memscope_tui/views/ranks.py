@@ -9,9 +9,10 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
 from memscope.units import human_bytes
+from memscope.display import shown
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import fill_table, right
+from memscope_tui.widgets import fill_table, plain, right
 
 COLUMNS = [("rank", "rank"), ("host", "host"), ("proc", "proc"), ("steps", "steps"),
            ("peak", "peak"), ("at step", "peak_step"), ("status", "status")]
@@ -37,11 +38,11 @@ class RanksView(View):
             for r in ranks:
                 if not matches(filter_text, r.rank, r.host, r.status):
                     continue
-                status = Text(r.status + (" · OOM" if r.oom else ""),
+                status = Text(shown(r.status) + (" · OOM" if r.oom else ""),
                               style="bold red" if r.oom or r.status not in ("finished", "stopped", "ok")
                               else "")
                 rows.append((f"{r.rank}|{r.proc}", [
-                    right("-" if r.rank is None else str(r.rank)), r.host or "", right(str(r.proc)),
+                    right("-" if r.rank is None else str(r.rank)), plain(r.host or ""), right(str(r.proc)),
                     right(str(r.steps)),
                     right(human_bytes(r.peak_bytes)), right("-" if r.peak_step is None else str(r.peak_step)),
                     status]))

@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from memscope.units import human_bytes
+from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
 
@@ -24,7 +25,7 @@ class SuggestionsView(View):
         box = self.query_one("#suggestion-list", Static)
         part = snap.suggestions
         if part.error is not None:
-            box.update(Text(f"suggestions failed: {part.error}", style="bold red"))
+            box.update(Text(f"suggestions failed: {shown_text(part.error)}", style="bold red"))
             return
         items = [s for s in (part.value or []) if matches(filter_text, s.technique, s.evidence, s.how)]
         if not items:
@@ -33,14 +34,15 @@ class SuggestionsView(View):
             return
         blocks: list[Table | Text] = []
         for rank, s in enumerate(items, 1):
-            title = Text(f"{rank}. {s.technique}", style="bold")
+            title = Text(f"{rank}. {shown(s.technique)}", style="bold")
             title.append(f"  saves ~{human_bytes(s.estimated_saving_bytes)}", style="bold green")
             # a grid, so that wrapped lines stay under the text, not at column 1
             body = Table.grid(padding=(0, 1))
             body.add_column(width=9, style="dim")
             body.add_column(ratio=1)
-            body.add_row("evidence", s.evidence)
-            body.add_row("change", s.how)
+            # Text, not str: a rich table parses a str cell as markup (a holder named [/] crashed it)
+            body.add_row("evidence", Text(shown_text(s.evidence)))
+            body.add_row("change", Text(shown_text(s.how)))
             blocks += [title, body, Text("")]
         box.update(Group(*blocks[:-1]))
 

@@ -1,0 +1,50 @@
+"""memscope's own threads, out of sight of the user's tracers (floor: imports nothing of memscope).
+
+``threading.settrace(f)`` / ``threading.setprofile(f)`` install ``f`` in every thread started
+after the call: a training script's tracer would also trace memscope's sampler and writer (its
+output would differ under ``memscope attach``). A :class:`QuietThread` starts with neither hook:
+``threading`` reads them when the new thread boots, so they are held at None from ``start()``
+until the new thread is running, then put back (unless the program changed them meanwhile).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+_swap = threading.Lock()  # two quiet starts at once must not restore each other's None
+_BOOT_WAIT_S = 5.0
+
+
+class QuietThread(threading.Thread):
+    """A ``threading.Thread`` that never runs the program's ``threading.settrace`` /
+    ``threading.setprofile`` hooks (a daemon unless said otherwise)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("daemon", True)
+        super().__init__(*args, **kwargs)
+        self._booted = threading.Event()
+
+    def start(self) -> None:
+        with _swap:
+            hooks = {name: getattr(threading, name, None) for name in ("_trace_hook", "_profile_hook")}
+            for name in hooks:
+                if hasattr(threading, name):
+                    setattr(threading, name, None)
+            try:
+                super().start()
+                self._booted.wait(_BOOT_WAIT_S)  # it has read the hooks (as None) once it runs
+            finally:
+                for name, value in hooks.items():
+                    if hasattr(threading, name) and getattr(threading, name) is None:
+                        setattr(threading, name, value)  # unless the program set one meanwhile
+
+    def run(self) -> None:
+        self._booted.set()
+        # belt and braces: a Python without these private hooks installs the tracer here
+        if sys.gettrace() is not None:
+            sys.settrace(None)
+        if sys.getprofile() is not None:
+            sys.setprofile(None)
+        super().run()

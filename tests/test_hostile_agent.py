@@ -1,0 +1,53 @@
+"""The agent works out of the training program's sight (issue 22, DESIGN.md section 5): real
+scripts under ``memscope attach`` at full detail (layers, inventories, leak sites every step)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import runpy
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import memscope
+
+HOSTILE = Path(__file__).parent / "hostile"
+FULL = ("--layers-every", "1", "--layers-first", "0", "--inventory-every", "1")
+
+
+def _attached(tmp_path: Path, script: Path) -> str:
+    out = memscope("attach", "--headless", "--db", str(tmp_path / "run.db"), *FULL, str(script))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_tracers_and_a_loop_that_changes_thread(tmp_path: Path) -> None:
+    """threading.settrace / setprofile before torch is imported (so before the agent starts its
+    sampler, writer and watchdog): the hooks run in the script's own threads only. Steps 0-3 on
+    a worker thread, 4-7 on the main thread: memscope's own saved-tensors hooks left on the main
+    thread are not reported as the script's, and the main thread's steps are measured."""
+    lines = dict(line.split(" ", 1) for line in _attached(tmp_path, HOSTILE / "tracer_train.py").splitlines())
+    assert "memscope-sampler" in lines["threads"] and "memscope-writer" in lines["threads"]  # they ran
+    assert "user-worker" in lines["traced"] and "user-worker" in lines["profiled"]
+    assert "memscope" not in lines["traced"] + lines["profiled"]  # before: all three memscope threads
+    with sqlite3.connect(tmp_path / "run.db") as db:
+        events = db.execute("SELECT message FROM events WHERE message LIKE '%saved-tensors%'").fetchall()
+        saved = dict(db.execute("SELECT step, sum(saved_bytes) FROM layer_stats GROUP BY step"))
+    assert events == []  # before: one false warning per step on the main thread
+    assert all(saved[step] > 0 for step in range(4, 8)), saved
+
+
+def test_subclass_sees_only_its_own_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor subclass counting __torch_function__ calls counts as many under attach at full
+    detail as without (before: 36 -> 152)."""
+    monkeypatch.setattr(sys, "argv", ["subclass_train.py"])
+    with contextlib.redirect_stdout(io.StringIO()) as plain_out:  # without memscope, in this process
+        runpy.run_path(str(HOSTILE / "subclass_train.py"), run_name="__main__")
+    plain = plain_out.getvalue().strip()
+    assert plain.startswith("torch_function calls ") and int(plain.split()[-1]) > 0
+    assert _attached(tmp_path, HOSTILE / "subclass_train.py").strip() == plain
+    with sqlite3.connect(tmp_path / "run.db") as db:  # the agent did look at them
+        assert db.execute("SELECT count(*) FROM inventories").fetchone()[0] >= 5
+        assert db.execute("SELECT sum(saved_bytes) FROM layer_stats").fetchone()[0] > 0
