@@ -212,8 +212,8 @@ def main(argv: Sequence[str]) -> int:
             raise CliError(f"attach: {exc}") from None
         gone = _file_gone(db, created)
         if gone is not None:  # someone else's file (or none): never write into it
-            print(f"memscope: warning: {gone}; this run's record is lost and the file now at "
-                  f"{db} was not touched", file=sys.stderr)
+            where = f"the file now at {db} was not touched" if file_id(db) else "nothing was written in its place"
+            print(f"memscope: warning: {gone}; this run's record is lost ({where})", file=sys.stderr)
             return child.status
         recorded = _wait_for_lock(db)
         if recorded and child.signal is not None and child.run_status == "killed":

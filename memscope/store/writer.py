@@ -205,6 +205,7 @@ class RunWriter:
         self._drop_since: float | None = None
         self._beat_at = 0.0
         self._retry = 0
+        self._side_ids: dict[str, tuple[int, int]] = {}  # the -wal / -shm beside our file
         self._spill_offset = 0  # bytes of the spill file already replayed into the run file
         self._spill_rows = 0  # rows in the spill file not yet replayed
 
@@ -500,6 +501,12 @@ class RunWriter:
             return None  # cannot tell (no descriptor left, say): the write will say
         if (st.st_dev, st.st_ino) != self.file_id:
             return f"the run file {self.path} was replaced by another file during the run"
+        for suffix in ("-wal", "-shm"):  # ours while the file is: removed with it if it goes
+            try:
+                side = os.stat(self.path + suffix)
+                self._side_ids[suffix] = (side.st_dev, side.st_ino)
+            except OSError:
+                self._side_ids.pop(suffix, None)
         return None
 
     def _file_lost(self, why: str, items: list[object]) -> None:
@@ -523,6 +530,16 @@ class RunWriter:
             try:
                 conn.close()
             except sqlite3.Error:
+                pass
+        # SQLite keeps the -wal of a moved database (it does not checkpoint a file that moved):
+        # beside the new file it would be read into it ("database disk image is malformed").
+        # Ours (the same inode as at the last write) goes; the rows in it were this run's.
+        for suffix, ident in self._side_ids.items():
+            try:
+                st = os.stat(self.path + suffix)
+                if (st.st_dev, st.st_ino) == ident:
+                    os.remove(self.path + suffix)
+            except OSError:
                 pass
         self._lost(items)
 
