@@ -18,8 +18,11 @@ from memscope.store import spill
 from memscope.store.runs import (compact, create_run, default_db_path, discard_run, file_id,
                                  finish_run, prepare_path, wait_writable)
 from memscope.store.schema import RunFileError
-from memscope.runners.supervisor import (LaunchError, check_module, child_environment, record_killed,
-                                         resolve, run_child, storage_problem)
+from memscope.runners.empty import why_no_agent
+from memscope.runners.isolated import rewrite
+from memscope.runners.supervisor import (BOOTSTRAP_DIR, LaunchError, check_module, child_environment,
+                                         record_killed, resolve, run_child, storage_problem)
+from memscope.store.runs import add_event
 
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
@@ -125,6 +128,18 @@ def _file_gone(db: str, created: tuple[int, int] | None) -> str | None:
     return None
 
 
+def _explain_empty(db: str, command: list[str]) -> None:
+    """No process of the command was recorded: say why in the run file (its recording lines,
+    which the summary prints), unless a process already said (a spawned child that trains)."""
+    try:
+        with RunReader(db) as reader:
+            if reader.processes() or reader.events("agent_missing"):
+                return
+    except Exception:  # noqa: BLE001 - the summary says what is wrong with the file
+        return
+    add_event(db, "agent_missing", why_no_agent(command), {"command": command})
+
+
 def _wait_for_lock(db: str) -> bool:
     """Wait, however long, for another process's lock on the run file to go: the training's
     last rows (in the spill file) and the run's end are written then. ^C gives up (False)."""
@@ -189,6 +204,12 @@ def main(argv: Sequence[str]) -> int:
     env = child_environment(db, options.to_json(), command)
     if created is not None:
         env[ENV_DB_ID] = f"{created[0]}:{created[1]}"
+    # python -I / -E / -S ignore the PYTHONPATH bootstrap: run the script through a small
+    # runner that arms the agent, the flags still in force (memscope.runners.isolated)
+    child_command, blind = rewrite(command, BOOTSTRAP_DIR)
+    if blind is not None:
+        print(f"memscope: warning: {blind}", file=sys.stderr)
+        add_event(db, "agent_missing", blind, {"command": list(command)})
     # The dashboard in the foreground (a second process on the terminal) while this process
     # supervises the training as it does headless; q closes it and the training goes on.
     foreground = None
@@ -206,7 +227,7 @@ def main(argv: Sequence[str]) -> int:
     recorded = True
     try:
         try:
-            child = run_child(command, env)
+            child = run_child(child_command, env)
         except LaunchError as exc:
             discard_run(db)  # nothing ran: no run file to leave behind
             raise CliError(f"attach: {exc}") from None
@@ -218,6 +239,8 @@ def main(argv: Sequence[str]) -> int:
         recorded = _wait_for_lock(db)
         if recorded and child.signal is not None and child.run_status == "killed":
             record_killed(db, child.signal)
+        if recorded and blind is None:
+            _explain_empty(db, command)
         storage = storage_problem(db)
         try:
             if recorded:

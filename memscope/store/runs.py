@@ -252,6 +252,26 @@ def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[s
     return out
 
 
+def add_event(path: str, kind: str, message: str, data: dict[str, Any] | None = None,
+              proc: int | None = None) -> bool:
+    """One event written outside any agent (the supervisor, a process memscope does not record);
+    best effort: whether it is in the file."""
+    try:
+        conn = connect_rw(path)
+    except (sqlite3.Error, OSError, RunFileError):
+        return False
+    try:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO events (proc, t, step, kind, message, data) VALUES (?, ?, NULL, ?, ?, ?)",
+                         (proc, time.time(), kind, message, json.dumps(data) if data is not None else None))
+        return True
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
 def file_id(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of ``path``, or None when it is gone."""
     try:
