@@ -37,7 +37,7 @@ def why_no_agent(command: Sequence[str]) -> str:
 def _probe(program: str) -> tuple[str, int] | None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCOPE_") and k != "PYTHONPATH"}
     try:
-        out = subprocess.run([program, "-c", _PROBE], env=env, capture_output=True, text=True,
+        out = subprocess.run([program, "-I", "-c", _PROBE], env=env, capture_output=True, text=True,
                              timeout=20).stdout.split()
         return out[0], int(out[1])
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
