@@ -34,7 +34,6 @@ from memscope.agent.steps import StepTracker
 from memscope.agent.watchdog import SupervisorWatch
 from memscope.store.runs import finish_run, register_process
 from memscope.store.schema import RunFileError
-from memscope.store import spill
 from memscope.store.writer import RunWriter
 
 _DEVICE_RESCAN_S = 1.0
@@ -512,7 +511,7 @@ class Agent:
         sql = ("UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
                " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?")
         params = (now, self.samples, writer.dropped, self._tracker.mode, self.device, now, self.proc_id)
-        if writer.handed_off or os.path.exists(spill.spill_path(self.db)):
+        if writer.handed_off or os.path.exists(writer.spill_path):
             writer.spill_now(sql, params)  # after the rows waiting there, in order
             return
         conn = None

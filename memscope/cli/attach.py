@@ -143,10 +143,11 @@ def _explain_empty(db: str, command: list[str]) -> None:
 def _wait_for_lock(db: str) -> bool:
     """Wait, however long, for another process's lock on the run file to go: the training's
     last rows (in the spill file) and the run's end are written then. ^C gives up (False)."""
-    waiting = spill.size(spill.spill_path(db))
+    waiting = spill.total_size(db)
+    where = spill.spill_path(db, 0)[:-2] + "-*"
 
     def say() -> None:
-        rows = f"; {waiting // 1024} KiB of rows wait in {spill.spill_path(db)}" if waiting else ""
+        rows = f"; {waiting // 1024} KiB of rows wait in {where}" if waiting else ""
         print(f"memscope: the run file {db} is locked by another process (a sqlite3 shell, a "
               f"backup?); waiting for it to write the end of the run{rows} (^C gives up)",
               file=sys.stderr)
@@ -156,7 +157,7 @@ def _wait_for_lock(db: str) -> bool:
         return True
     except KeyboardInterrupt:
         print(f"memscope: warning: gave up waiting for the lock on {db}; its run still says "
-              f"running{' and the rows in ' + spill.spill_path(db) + ' are not in it' if waiting else ''}",
+              f"running{' and the rows in ' + where + ' are not in it' if waiting else ''}",
               file=sys.stderr)
         return False
 

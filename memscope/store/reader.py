@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import sqlite_utils
 
 from memscope.store.liveness import is_abandoned
-from memscope.store.spill import spill_path
+from memscope.store.spill import spill_files
 from memscope.store.schema import SCHEMA_VERSION, RunFileError, check_tables, check_version, expected_tables
 
 
@@ -190,10 +190,11 @@ class RunReader:
         times = [row["h"], row["s"]]
         for proc in procs:  # the (proc, t) index makes each max() a lookup
             times.append(self.scalar("SELECT max(t) FROM samples WHERE proc = ?", (proc,)))
-        try:  # the writer touches its spill file while another process's lock holds it off
-            times.append(os.path.getmtime(spill_path(str(self.path))))
-        except OSError:
-            pass
+        for spilled in spill_files(self.path):  # touched by a writer a lock holds off
+            try:
+                times.append(os.path.getmtime(spilled))
+            except OSError:
+                pass
         found = [float(x) for x in times if isinstance(x, (int, float))]
         return max(found) if found else None
 

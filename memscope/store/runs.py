@@ -16,7 +16,7 @@ from memscope.store.schema import APPLICATION_ID, RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
 
-_SIDE_FILES = ("-wal", "-shm", "-journal", spill.SUFFIX)
+_SIDE_FILES = ("-wal", "-shm", "-journal")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -58,13 +58,15 @@ def prepare_path(path: str, force: bool, force_word: str = "--force") -> None:
         if live is not None:
             raise RunFileError(f"{path}: {live}; refusing to replace it, even with {force_word}")
         _remove(path, ("", *_SIDE_FILES))
+        _remove_spills(path)
     else:
-        orphans = [path + s for s in _SIDE_FILES if os.path.lexists(path + s)]
+        orphans = [path + s for s in _SIDE_FILES if os.path.lexists(path + s)] + spill.spill_files(path)
         if orphans:
             if not force:
                 raise RunFileError(f"{orphans[0]}: left from an earlier file named {path}; SQLite "
                                    f"would read it into the new run: remove it or pass {force_word}")
             _remove(path, _SIDE_FILES)
+            _remove_spills(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise RunFileError(f"{path}: directory {parent} does not exist")
@@ -97,6 +99,14 @@ def live_run(path: str) -> str | None:
     if run is not None and run["status"] == "running":
         return f"its run is still being recorded (memscope attach pid {run.get('owner_pid')})"
     return None
+
+
+def _remove_spills(path: str) -> None:
+    for p in spill.spill_files(path):
+        try:
+            os.remove(p)
+        except OSError as exc:
+            raise RunFileError(f"{p}: cannot remove it ({exc.strerror})") from None
 
 
 def _remove(path: str, suffixes: tuple[str, ...]) -> None:
@@ -141,7 +151,7 @@ def discard_run(path: str) -> None:
 
 
 def _discard(path: str) -> None:
-    for suffix in ("", *_SIDE_FILES):
+    for suffix in ("", *_SIDE_FILES, *(p[len(path):] for p in spill.spill_files(path))):
         try:
             os.remove(path + suffix)
         except OSError:
@@ -195,7 +205,7 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
         try:
             # rows the training left in the spill file (the file was locked when it ended)
             try:
-                replayed = spill.replay(spill.spill_path(path), conn)
+                replayed = spill.replay_all(path, conn)
             except OSError:
                 replayed = 0  # unreadable: the rows in it are lost (the writer counted what it could)
             lost = _lost_writers(conn, storage)

@@ -2,7 +2,8 @@
 
 While another process holds a lock on the run file (a ``sqlite3`` shell, a backup tool), the
 writer keeps the rows it cannot write. Past a cap in memory it appends them here, beside the
-run file (``RUN.db-spill``), one JSON line per row, oldest first; when the lock goes, it (or,
+run file (``RUN.db-spill-PID``: one per writing process, as ranks may share a run file), one
+JSON line per row, oldest first; when the lock goes, it (or,
 after the training ended, attach's supervisor) replays them in order and removes the file.
 
 The file's modification time is also a sign of life: the writer touches it while it waits,
@@ -15,6 +16,7 @@ Standard library only: this runs inside the training process.
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import os
 import re
@@ -25,8 +27,23 @@ SUFFIX = "-spill"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # a table or column name memscope writes
 
 
-def spill_path(db: str) -> str:
-    return db + SUFFIX
+def spill_path(db: str, pid: int | None = None) -> str:
+    """The spill file of process ``pid`` (this one by default) for the run file ``db``."""
+    return f"{db}{SUFFIX}-{pid if pid is not None else os.getpid()}"
+
+
+def spill_files(db: str) -> list[str]:
+    """Every process's spill file beside ``db``."""
+    return sorted(glob.glob(glob.escape(db) + SUFFIX + "-*"))
+
+
+def total_size(db: str) -> int:
+    return sum(size(p) for p in spill_files(db))
+
+
+def replay_all(db: str, conn: sqlite3.Connection) -> int:
+    """Replay every spill file beside ``db`` into ``conn``; the rows written."""
+    return sum(replay(p, conn) for p in spill_files(db))
 
 
 def _plain(v: Any) -> Any:

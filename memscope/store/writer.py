@@ -270,11 +270,14 @@ class RunWriter:
     # -- the writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        # A failed open is tried again (a lock held by another process, a disk that frees up):
-        # rows queue meanwhile. After the last try every row is counted as dropped.
-        for wait in (*RETRY_S, None):
+        # A failed open is tried again (a disk that frees up); after the last try every row is
+        # counted as dropped. A lock held by another process is waited out however long it
+        # lasts, the rows kept meanwhile as while writing (memory, then the spill file).
+        tries = 0
+        while True:
+            timeout = self.busy_timeout if tries == 0 else min(self.busy_timeout, DEGRADED_BUSY_S)
             try:
-                self._conn = connect_rw(self.path, self.busy_timeout)
+                self._conn = connect_rw(self.path, timeout)
                 if self.on_connect is not None:
                     self.on_connect(self._conn)
                 if self.file_id is None:
@@ -285,18 +288,37 @@ class RunWriter:
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
-                if wait is None or isinstance(exc, RunFileError):  # not a run file: no point
-                    with self._lock:
+                locked = isinstance(exc, sqlite3.Error) and _is_busy(exc)
+                if isinstance(exc, RunFileError) or (not locked and tries >= len(RETRY_S)):
+                    with self._lock:  # not a run file, or one that will not open: no point
                         self.error = f"cannot open run file: {exc}"
                         n, steps = self._discard_queue()
-                        self._count_drop(False, self.error, n, steps)
+                        self._count_drop(False, self.error, n + len(self._pending),
+                                         steps + sum(_is_step(it) for it in self._pending))
+                        self._pending = []
                     return
-                time.sleep(wait)
+                batch, stopping = self._drain(RETRY_S[min(tries, len(RETRY_S) - 1)])
+                self._take(batch)
+                self._refused(exc, self._pending + batch)
+                tries += 1
+                if stopping:  # the process ends behind the lock: the supervisor writes them
+                    if self._pending:
+                        self._spill(self._pending, self.last_error or "locked")
+                        self._pending = []
+                    self.handed_off = self._spill_rows
+                    return
         try:
             self._loop()
         finally:
             if self._conn is not None:
                 self._conn.close()
+
+    def _take(self, batch: list[object]) -> None:
+        """``batch`` left the queue: its rows no longer count against the queue's bounds."""
+        n_samples = sum(1 for it in batch if getattr(it, "sheddable", False))
+        with self._lock:
+            self._queued_samples -= n_samples
+            self._queued_structure -= len(batch) - n_samples
 
     def _discard_queue(self) -> tuple[int, int]:
         """Empty the queue; the number of rows it held, and of steps rows among them."""
@@ -342,10 +364,7 @@ class RunWriter:
     def _attempt(self, batch: list[object], final: bool) -> None:
         """Write the pending structure rows, ``batch``, the drop report and the heartbeat.
         Never raises: the writer thread must outlive any error."""
-        n_samples = sum(1 for it in batch if getattr(it, "sheddable", False))
-        with self._lock:
-            self._queued_samples -= n_samples
-            self._queued_structure -= len(batch) - n_samples
+        self._take(batch)
         items = self._pending + batch
         self._pending = []
         if self.error is not None:  # the run file was replaced or deleted: nothing goes there

@@ -24,8 +24,7 @@ import pytest
 from faults.runs import LOOP, finish, integrity, report, steps_recorded, wait_steps, wait_until
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, register_process
-from memscope.store import spill
-from memscope.store.spill import spill_path
+from memscope.store.spill import spill_files, spill_path, total_size
 from memscope.store.writer import RunWriter
 
 pytestmark = pytest.mark.timeout(180)
@@ -69,14 +68,14 @@ def test_a_lock_released_during_the_training(tmp_path: Path) -> None:
     lock = Lock(db)
     try:
         # the writer gives up its short window, then spills past 40 rows: the file appears
-        wait_until(lambda: spill.size(spill_path(str(db))) > 20_000, timeout=60, what="rows spilled")
+        wait_until(lambda: total_size(str(db)) > 20_000, timeout=60, what="rows spilled")
         assert status_now(db) == "running"  # alive behind the lock, not abandoned
     finally:
         lock.release()
     code, _out, err = finish(proc)
     assert code == 0, err
     assert steps_recorded(db) == list(range(STEPS))  # every step, in order, none twice
-    assert not os.path.exists(spill_path(str(db)))  # replayed, then removed
+    assert spill_files(str(db)) == []  # replayed, then removed
     data = report(db)
     assert data["run"]["status"] == "finished" and data["run"]["steps"] == STEPS
     # shed memory samples are counted and explained; no structure row is
@@ -87,7 +86,7 @@ def test_a_lock_released_during_the_training(tmp_path: Path) -> None:
 
 def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
-    proc = attach(db)  # tiny steps, as fast as they go
+    proc = attach(db, "--sleep", "0.005")  # short steps: the training ends behind the lock
     wait_steps(db, 20, proc)
     lock = Lock(db)
     released = threading.Event()
@@ -96,7 +95,7 @@ def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
         # the training ends behind the lock; attach then waits for it, however long
         try:
             wait_until(lambda: _training_gone(proc.pid), timeout=90, what="the training to end")
-            assert os.path.exists(spill_path(str(db)))  # its last rows wait there
+            assert spill_files(str(db))  # its last rows wait there
             assert status_now(db) == "running"  # the supervisor still finishes it
             time.sleep(2.5)  # longer than attach's first try (1 s): it says it waits
             assert status_now(db) == "running"
@@ -168,5 +167,5 @@ def test_a_fresh_spill_file_is_a_sign_of_life(tmp_path: Path) -> None:
     conn.close()
     assert socket.gethostname() != "elsewhere"
     assert status_now(db) == "abandoned"
-    Path(spill_path(str(db))).write_text('{"pid": 1}\n')
+    Path(spill_path(str(db), 1)).write_text('{"pid": 1}\n')
     assert status_now(db) == "running"
