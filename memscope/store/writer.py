@@ -274,6 +274,7 @@ class RunWriter:
         # counted as dropped. A lock held by another process is waited out however long it
         # lasts, the rows kept meanwhile as while writing (memory, then the spill file).
         tries = 0
+        stop_seen = False
         while True:
             timeout = self.busy_timeout if tries == 0 else min(self.busy_timeout, DEGRADED_BUSY_S)
             try:
@@ -297,16 +298,23 @@ class RunWriter:
                                          steps + sum(_is_step(it) for it in self._pending))
                         self._pending = []
                     return
-                batch, stopping = self._drain(RETRY_S[min(tries, len(RETRY_S) - 1)])
-                self._take(batch)
-                self._refused(exc, self._pending + batch)
-                tries += 1
-                if stopping:  # the process ends behind the lock: the supervisor writes them
+                if stop_seen and tries >= len(RETRY_S):
+                    # the process ends behind the lock: the supervisor writes the rows
                     if self._pending:
                         self._spill(self._pending, self.last_error or "locked")
                         self._pending = []
                     self.handed_off = self._spill_rows
                     return
+                if stop_seen:
+                    time.sleep(RETRY_S[min(tries, len(RETRY_S) - 1)])
+                    batch: list[object] = []
+                else:
+                    batch, stop_seen = self._drain(RETRY_S[min(tries, len(RETRY_S) - 1)])
+                self._take(batch)
+                self._refused(exc, self._pending + batch)
+                tries += 1
+        if stop_seen:
+            self._q.put_nowait(_STOP)  # flush what waited, then stop
         try:
             self._loop()
         finally:
