@@ -410,18 +410,19 @@ class RunWriter:
         if meta and not any(id(it) in own for it in left):
             self._beat_at = now
         if refusal is not None:
-            self._refused(refusal, [it for it in left if id(it) not in own])  # those: made afresh
+            # those: made afresh; the errors began when this attempt did (it waited the busy timeout)
+            self._refused(refusal, [it for it in left if id(it) not in own], since=now)
             return
         if self.degraded_since is not None:
             self._recovered(now)
 
-    def _refused(self, exc: BaseException, items: list[object]) -> None:
+    def _refused(self, exc: BaseException, items: list[object], since: float | None = None) -> None:
         """The file took none of ``items``: keep the structure for the next attempt, shed the
         samples, and start the next attempt on a fresh connection."""
         error = exc.error if isinstance(exc, _FileRefused) else exc
         message = _describe(error) if isinstance(error, sqlite3.Error) else f"{type(error).__name__}: {error}"
         if self.degraded_since is None:
-            self.degraded_since = time.time()
+            self.degraded_since = since if since is not None else time.time()
         self.last_error = message
         conn = self._conn
         if conn is not None and "full" in message:
