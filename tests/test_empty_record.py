@@ -65,6 +65,9 @@ def test_a_script_training_only_in_a_spawned_child_says_so(tmp_path: Path) -> No
     data = report_json(db)
     assert data["run"]["steps"] == 0
     assert any("a process started by multiprocessing" in line for line in data["run"]["recording"])
+    # the training child is sampled from outside like a worker; its growth is not copy-on-read
+    assert data["dataloader_workers"] is None
+    assert all(s["technique"] != "fix_leak" for s in data["suggestions"])
 
 
 def test_memscope_start_in_the_spawned_child_joins_the_run(tmp_path: Path) -> None:
