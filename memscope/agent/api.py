@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
@@ -22,6 +23,10 @@ def current() -> Agent | None:
 
 
 def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
+    if db is None and os.environ.get(ENV_DB) and current() is None:
+        # under memscope attach (a process the bootstrap did not arm: a spawned child that
+        # trains): join attach's run file as one more process
+        return start_from_env(**options)
     global _agent
     with _lock:
         if _agent is not None and _agent.running:
@@ -36,13 +41,16 @@ def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
         return _agent
 
 
-def start_from_env() -> Agent:
+def start_from_env(**options: Any) -> Agent:
     """Start the agent ``memscope attach`` asked for: the supervisor made the run file."""
     global _agent
     with _lock:
         if _agent is not None and _agent.running:
             return _agent
-        _agent = Agent(os.environ[ENV_DB], AgentOptions.from_env(), owns_run=False)
+        opts = AgentOptions.from_env()
+        if options:
+            opts = AgentOptions.from_mapping({**json.loads(opts.to_json()), **options})
+        _agent = Agent(os.environ[ENV_DB], opts, owns_run=False)
         _agent.start()
         atexit.register(stop)
         return _agent

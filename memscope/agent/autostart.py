@@ -48,8 +48,10 @@ def should_instrument() -> tuple[bool, str]:
 
 
 def _start() -> None:
-    ok, _why = should_instrument()
+    ok, why = should_instrument()
     if not ok:
+        if why.startswith("multiprocessing"):
+            _watch_unrecorded_training()
         return
     try:
         from memscope.agent.api import start_from_env
@@ -58,6 +60,40 @@ def _start() -> None:
     except Exception as exc:  # never break the user's script: say it once, carry on
         print(f"memscope: recording disabled in pid {os.getpid()}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
+
+
+def _watch_unrecorded_training() -> None:
+    """A multiprocessing child is not recorded (DataLoader workers are many and train nothing).
+    One that trains (its optimizer steps) says so in the run file, once: a script that trains
+    only in a spawned child must not end with an empty record and no reason."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except Exception:  # noqa: BLE001 - an old torch: nothing to watch with
+        return
+    said: list[bool] = []
+
+    def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
+        # left installed (removing a hook while torch iterates over them breaks the step);
+        # it does nothing after the first call, or once the process records itself
+        if said:
+            return
+        said.append(True)
+        try:
+            from memscope.agent.api import current
+            from memscope.store.runs import add_event
+
+            if current() is not None:  # memscope.start() in the child: it is recorded
+                return
+
+            add_event(os.environ[ENV_DB], "agent_missing",
+                      f"recording incomplete: pid {os.getpid()}, a process started by "
+                      "multiprocessing, trains (its optimizer stepped) but is not recorded: call "
+                      "memscope.start() at the top of the function it runs (it joins this run file)",
+                      {"pid": os.getpid(), "parent": os.getppid()})
+        except Exception:  # noqa: BLE001 - a note, never a failure of the user's step
+            return
+
+    register_optimizer_step_post_hook(stepped)
 
 
 class _TorchWatcher(importlib.abc.MetaPathFinder):

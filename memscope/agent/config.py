@@ -13,6 +13,7 @@ ENV_DB = "MEMSCOPE_DB"
 ENV_OPTIONS = "MEMSCOPE_OPTIONS"  # JSON object of AgentOptions fields
 ENV_SKIP_CHILD_OF = "MEMSCOPE_SKIP_CHILD_OF"  # pid of a launcher's parent: its direct child is a launcher
 ENV_SUPERVISOR = "MEMSCOPE_SUPERVISOR"  # pid of attach's supervisor: the agent ends its process when it dies
+ENV_DB_ID = "MEMSCOPE_DB_ID"  # "st_dev:st_ino" of the run file attach created: a replaced file is noticed
 ENV_PATH = "MEMSCOPE_PATH"  # where the memscope package lives, for a Python that cannot import it
 # Techniques the agent can apply to an unchanged script (memscope/agent/techniques.py)
 TECHNIQUES = ("mixed_precision", "activation_checkpointing", "lighter_optimizer")

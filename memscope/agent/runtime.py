@@ -24,7 +24,7 @@ import torch
 
 from memscope.agent import cuda, frameworks
 from memscope.agent.compiled import compiled_seen
-from memscope.agent.config import ENV_SUPERVISOR, AgentOptions, techniques_wanted
+from memscope.agent.config import ENV_DB_ID, ENV_SUPERVISOR, AgentOptions, techniques_wanted
 from memscope.agent.layers import LayerProfiler
 from memscope.agent.leak_collector import LeakCollector
 from memscope.agent.oom import OomRecorder, is_oom
@@ -34,7 +34,7 @@ from memscope.agent.steps import StepTracker
 from memscope.agent.watchdog import SupervisorWatch
 from memscope.store.runs import finish_run, register_process
 from memscope.store.schema import RunFileError
-from memscope.store.writer import BUSY_TIMEOUT_S, RunWriter
+from memscope.store.writer import RunWriter
 
 _DEVICE_RESCAN_S = 1.0
 
@@ -43,6 +43,17 @@ def _env_int(name: str) -> int | None:
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):
+        return None
+
+
+def _file_id(owns_run: bool) -> tuple[int, int] | None:
+    """The run file's (st_dev, st_ino) as attach's supervisor created it, so a file put in its
+    place before this process opened it is noticed too; None: the writer takes it at open."""
+    raw = os.environ.get(ENV_DB_ID, "") if not owns_run else ""
+    try:
+        dev, ino = raw.split(":")
+        return int(dev), int(ino)
+    except ValueError:
         return None
 
 
@@ -60,8 +71,11 @@ class Agent:
         # one at a time keeps the sample count and the CUDA device list consistent.
         self._tick_lock = threading.Lock()
         self._process = psutil.Process()
-        self._writer = RunWriter(db, options.queue_size, options.flush_interval)
+        self._writer = RunWriter(db, options.queue_size, options.flush_interval,
+                                 file_id=_file_id(owns_run))
         self._tracker = StepTracker(self._on_step_close)
+        self._tracker.on_close_error = self._step_close_failed
+        self._step_failures: set[str] = set()  # parts of a step boundary that failed (said once)
         self._sampler = SamplerThread(options.sample_hz, self._tick, self._sampler_failed)
         self._rss_peak = StepPeak(rss_high_water_mark())
         self._cuda_enabled = True
@@ -154,7 +168,7 @@ class Agent:
         if self._nvml is not None:
             self._nvml.close()
         self._finish_process_row()
-        if self.owns_run:
+        if self.owns_run and self._writer.file_gone() is None:
             try:
                 finish_run(self.db, exit_code=None, signal=None, status="finished")
             except RunFileError:
@@ -344,16 +358,34 @@ class Agent:
 
     # -- steps ---------------------------------------------------------------------------------
 
+    def _step_part(self, name: str, fn: Any) -> Any:
+        """One part of a step boundary; a failure (no file descriptor left to read /proc, say)
+        is said once in an event and the step row is written without that part."""
+        try:
+            return fn()
+        except Exception as exc:
+            if name not in self._step_failures:
+                self._step_failures.add(name)
+                self.event("warning", f"step boundary: {name} failed from step "
+                                      f"{self._tracker.step}: {type(exc).__name__}: {exc}",
+                           {"part": name, "error": f"{type(exc).__name__}: {exc}"})
+            return None
+
+    def _step_close_failed(self, step: int, exc: BaseException) -> None:
+        """A boundary that failed before its row was queued: the step is lost, and said so."""
+        self._writer.count_lost_step(f"a step boundary failed: {type(exc).__name__}: {exc}")
+
     def _on_step_close(self, step: int, start: float, end: float) -> None:
-        self._layers_close(step)
+        self._step_part("layers", lambda: self._layers_close(step))
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
-        self._tick(wait=False)
+        self._step_part("sample", lambda: self._tick(wait=False))
         hwm = rss_high_water_mark()
-        mem = self._process.memory_info()
+        mem = self._step_part("memory reading", self._process.memory_info)
+        rss_now = int(mem.rss) if mem is not None else None
         cuda_share = 0.0
         with self._lock:
-            peak_rss = self._rss_peak.close(hwm, mem.rss)
+            peak_rss = self._rss_peak.close(hwm, rss_now)
             peak_alloc = peak_reserved = end_alloc = None
             for index, (alloc, reserved) in self._cuda_peaks.items():
                 try:
@@ -370,11 +402,12 @@ class Agent:
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok",
-                                      "end_rss": mem.rss, "end_allocated": end_alloc})
+                                      "end_rss": rss_now, "end_allocated": end_alloc})
         self._guard_call("oom", lambda: self._oom_step_close(
             max(cuda_share, self._oom.host_share(peak_rss, getattr(mem, "vms", None))), step + 1))
         # inventories (the memory level here can pull one forward), leak suspects' sites
-        self._leaks.step_closed(step, end - start, end_alloc if end_alloc is not None else mem.rss)
+        level = end_alloc if end_alloc is not None else rss_now
+        self._step_part("inventory", lambda: self._leaks.step_closed(step, end - start, level or 0))
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)
@@ -454,10 +487,12 @@ class Agent:
         """Why this process's record is incomplete (the file never opened, structure rows lost),
         or None; shed samples are not a problem (the report counts them)."""
         w = self._writer
+        steps = f"{w.lost_steps} steps, " if w.lost_steps else ""
         if w.error is not None:
-            return f"{w.error}; {w.dropped} rows were not recorded"
+            return f"{w.error}; {steps}{w.dropped} rows were not recorded"
         if w.dropped_structure:
-            return f"{w.dropped_structure} rows were lost ({w.last_error or 'the writer fell behind'})"
+            return (f"{steps}{w.dropped_structure} rows were lost "
+                    f"({w.last_error or 'the writer fell behind'})")
         return None
 
     def event(self, kind: str, message: str, data: Any = None) -> None:
@@ -467,19 +502,26 @@ class Agent:
                                        "data": json.dumps(data) if data is not None else None})
 
     def _finish_process_row(self) -> None:
+        """The process row's last word. Never into a file that is no longer the run's; while
+        the file refuses writes (a lock), left in the spill file for the supervisor."""
+        writer = self._writer
+        if writer.file_gone() is not None:
+            return
+        now = time.time()
+        sql = ("UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
+               " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?")
+        params = (now, self.samples, writer.dropped, self._tracker.mode, self.device, now, self.proc_id)
+        if writer.handed_off or os.path.exists(writer.spill_path):
+            writer.spill_now(sql, params)  # after the rows waiting there, in order
+            return
         conn = None
         try:
-            conn = sqlite3.connect(self.db, timeout=BUSY_TIMEOUT_S)
+            conn = sqlite3.connect(self.db, timeout=writer.busy_timeout)
             with conn:
-                now = time.time()
-                conn.execute(
-                    "UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
-                    " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?",
-                    (now, self.samples, self._writer.dropped, self._tracker.mode,
-                     self.device, now, self.proc_id),
-                )
+                conn.execute(sql, params)
         except sqlite3.Error:
-            pass  # the supervisor marks a process that never said goodbye as lost
+            # the supervisor writes it once the file takes writes (or marks the process lost)
+            writer.spill_now(sql, params)
         finally:
             if conn is not None:
                 conn.close()

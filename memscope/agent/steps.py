@@ -48,6 +48,9 @@ class StepTracker:
         self._activity = False  # a backward or optimizer step happened in the current step
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every optimizer that stepped
         self.on_error: Callable[[BaseException], None] | None = None  # an exception in backward
+        # a step boundary that failed (its row may be lost): counted and said, never silent
+        self.on_close_error: Callable[[int, BaseException], None] | None = None
+        self.close_errors = 0
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -157,8 +160,14 @@ class StepTracker:
         self.step_start = end
         try:
             self._on_close(step, start, end)
-        except Exception:
-            pass  # the recorder must never break the training step
+        except Exception as exc:  # the recorder must never break the training step
+            self.close_errors += 1
+            report = self.on_close_error
+            if report is not None:
+                try:
+                    report(step, exc)
+                except Exception:  # noqa: BLE001 - counted in close_errors; nothing else can be done
+                    pass
 
 
 def _any_optimizer_alive() -> bool:

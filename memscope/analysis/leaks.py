@@ -102,6 +102,7 @@ class LeakCheck:
     needed: int
     off: bool = False  # inventories were turned off (--inventory-every 0)
     steps: int | None = None  # completed steps from the warm-up on (None: not known)
+    recorded: bool = True  # False: no step of the run was recorded at all
 
     @property
     def verdict(self) -> str:
@@ -112,6 +113,9 @@ class LeakCheck:
 
     def advice(self) -> str:
         """What the user can do about an insufficient check (one line)."""
+        if not self.recorded:
+            return ("no training step was recorded, so no inventory was taken (the recording "
+                    "lines say why, if memscope knows)")
         if self.off:
             return "tensor inventories were off (--inventory-every 0): attach without it to look for leaks"
         have = (f"{self.inventories} of the {self.needed} inventories a verdict needs from step "
@@ -311,8 +315,9 @@ def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
             off = False
     done = reader.scalar("SELECT count(*) FROM steps WHERE proc = ? AND status = 'ok' AND step >= ?",
                          (proc, WARMUP_STEPS)) if proc is not None else None
+    any_step = proc is not None and reader.scalar("SELECT count(*) FROM steps WHERE proc = ?", (proc,))
     return LeakCheck(sum(1 for s in steps if s >= WARMUP_STEPS), MIN_INVENTORIES, off,
-                     int(done) if done is not None else None)
+                     int(done) if done is not None else None, recorded=bool(any_step))
 
 
 @dataclass

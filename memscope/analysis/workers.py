@@ -68,9 +68,13 @@ def worker_growth(reader: "RunReader") -> WorkerGrowth | None:
         return None
     rows = reader.query("SELECT proc, pid, t, uss, pss FROM worker_samples WHERE uss IS NOT NULL "
                         "ORDER BY proc, pid, t")
+    # a multiprocessing child that trains (an agent_missing event names it) is no DataLoader
+    # worker: its growth is the training's, not copy-on-read
+    trainers = {e["data"].get("pid") for e in reader.events("agent_missing") if isinstance(e["data"], dict)}
     by: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in rows:
-        by.setdefault((r["proc"], r["pid"]), []).append(r)
+        if r["pid"] not in trainers:
+            by.setdefault((r["proc"], r["pid"]), []).append(r)
     grew = [(key, s) for key, s in by.items() if _grows([int(x["uss"]) for x in s])]
     if not grew:
         return None

@@ -14,10 +14,16 @@ from memscope.cli.errors import CliError
 from memscope.display import safe_lines
 from memscope.report.text import render_headless
 from memscope.store.reader import RunReader
-from memscope.store.runs import compact, create_run, default_db_path, discard_run, finish_run, prepare_path
+from memscope.agent.config import ENV_DB_ID
+from memscope.store import spill
+from memscope.store.runs import (compact, create_run, default_db_path, discard_run, file_id,
+                                 finish_run, prepare_path, wait_writable)
 from memscope.store.schema import RunFileError
-from memscope.runners.supervisor import (LaunchError, check_module, child_environment, record_killed,
-                                         resolve, run_child, storage_problem)
+from memscope.runners.empty import why_no_agent
+from memscope.runners.isolated import rewrite
+from memscope.runners.supervisor import (BOOTSTRAP_DIR, LaunchError, check_module, child_environment,
+                                         record_killed, resolve, run_child, storage_problem)
+from memscope.store.runs import add_event
 
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
@@ -113,6 +119,50 @@ def agent_notices(reader: RunReader) -> list[str]:
     return out
 
 
+def _file_gone(db: str, created: tuple[int, int] | None) -> str | None:
+    """Whether the run file attach created was deleted or replaced while the training ran."""
+    now = file_id(db)
+    if now is None:
+        return f"the run file {db} was deleted during the run"
+    if created is not None and now != created:
+        return f"the run file {db} was replaced by another file during the run"
+    return None
+
+
+def _explain_empty(db: str, command: list[str]) -> None:
+    """No process of the command was recorded: say why in the run file (its recording lines,
+    which the summary prints), unless a process already said (a spawned child that trains)."""
+    try:
+        with RunReader(db) as reader:
+            if reader.processes() or reader.events("agent_missing"):
+                return
+    except Exception:  # noqa: BLE001 - the summary says what is wrong with the file
+        return
+    add_event(db, "agent_missing", why_no_agent(command), {"command": command})
+
+
+def _wait_for_lock(db: str) -> bool:
+    """Wait, however long, for another process's lock on the run file to go: the training's
+    last rows (in the spill file) and the run's end are written then. ^C gives up (False)."""
+    waiting = spill.total_size(db)
+    where = spill.spill_path(db, 0)[:-2] + "-*"
+
+    def say() -> None:
+        rows = f"; {waiting // 1024} KiB of rows wait in {where}" if waiting else ""
+        print(f"memscope: the run file {db} is locked by another process (a sqlite3 shell, a "
+              f"backup?); waiting for it to write the end of the run{rows} (^C gives up)",
+              file=sys.stderr)
+
+    try:
+        wait_writable(db, say)
+        return True
+    except KeyboardInterrupt:
+        print(f"memscope: warning: gave up waiting for the lock on {db}; its run still says "
+              f"running{' and the rows in ' + where + ' are not in it' if waiting else ''}",
+              file=sys.stderr)
+        return False
+
+
 def main(argv: Sequence[str]) -> int:
     from memscope.cli import _Parser  # the one-line-error parser
 
@@ -152,7 +202,16 @@ def main(argv: Sequence[str]) -> int:
     except RunFileError as exc:
         storage = storage_problem(db)
         raise CliError(f"{exc}{f' ({storage})' if storage else ''}") from None
+    created = file_id(db)
     env = child_environment(db, options.to_json(), command)
+    if created is not None:
+        env[ENV_DB_ID] = f"{created[0]}:{created[1]}"
+    # python -I / -E / -S ignore the PYTHONPATH bootstrap: run the script through a small
+    # runner that arms the agent, the flags still in force (memscope.runners.isolated)
+    child_command, blind = rewrite(command, BOOTSTRAP_DIR)
+    if blind is not None:
+        print(f"memscope: warning: {blind}", file=sys.stderr)
+        add_event(db, "agent_missing", blind, {"command": list(command)})
     # The dashboard in the foreground (a second process on the terminal) while this process
     # supervises the training as it does headless; q closes it and the training goes on.
     foreground = None
@@ -170,16 +229,25 @@ def main(argv: Sequence[str]) -> int:
     recorded = True
     try:
         try:
-            child = run_child(command, env)
+            child = run_child(child_command, env)
         except LaunchError as exc:
             discard_run(db)  # nothing ran: no run file to leave behind
             raise CliError(f"attach: {exc}") from None
-        if child.signal is not None and child.run_status == "killed":
+        gone = _file_gone(db, created)
+        if gone is not None:  # someone else's file (or none): never write into it
+            where = f"the file now at {db} was not touched" if file_id(db) else "nothing was written in its place"
+            print(f"memscope: warning: {gone}; this run's record is lost ({where})", file=sys.stderr)
+            return child.status
+        recorded = _wait_for_lock(db)
+        if recorded and child.signal is not None and child.run_status == "killed":
             record_killed(db, child.signal)
+        if recorded and blind is None:
+            _explain_empty(db, command)
         storage = storage_problem(db)
         try:
-            contained = finish_run(db, child.exit_code, child.signal, ended=child.ended,
-                                   status=child.run_status, storage=storage)
+            if recorded:
+                contained = finish_run(db, child.exit_code, child.signal, ended=child.ended,
+                                       status=child.run_status, storage=storage)
         except RunFileError as exc:  # the training's outcome stands; say what is missing
             recorded = False
             why = f" ({storage})" if storage else ""

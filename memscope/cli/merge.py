@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from memscope.cli.errors import CliError
-from memscope.store.merge import merge_runs
+from memscope.store.merge import LiveInputs, merge_runs
 from memscope.store.merge_check import NotOneJob
 
 HELP = "combine the run files of several nodes (one per host) into one run file"
@@ -21,15 +21,25 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="merge files that do not look like the ranks of one job (no rank "
                              "information, different commands or world sizes, times apart); a "
                              "global rank in two files is still refused")
+    parser.add_argument("--allow-live", action="store_true",
+                        help="merge inputs whose runs are still being written (what they hold "
+                             "so far; a warning names them)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        result = merge_runs(args.out, args.inputs, force=args.force, one_job=not args.allow_unrelated)
+        result = merge_runs(args.out, args.inputs, force=args.force,
+                            one_job=not args.allow_unrelated, allow_live=args.allow_live)
+    except LiveInputs as exc:
+        raise CliError(f"merge: inputs {exc}; wait for them to end, or pass --allow-live to "
+                       "merge what they hold so far") from None
     except NotOneJob as exc:
         raise CliError(f"merge: {exc}: not the nodes of one job (--allow-unrelated merges them "
                        "anyway)") from None
     rows = sum(result.rows.values())
+    if result.live:
+        print(f"memscope: warning: merged while still being written (what they held so far): "
+              f"{', '.join(result.live)}", file=sys.stderr)
     print(f"memscope: {result.path}: {result.processes} processes from {len(result.inputs)} "
           f"run files, {rows} rows")
     if result.missing_ranks:

@@ -16,6 +16,7 @@ platform without USS are skipped silently; the training's supervision never depe
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from typing import Any
@@ -33,6 +34,7 @@ class WorkerSampler:
         self._conn: sqlite3.Connection | None = None
         self._proc_ids: dict[int, int] = {}  # pid of a recorded process -> its processes.id
         self.samples = 0
+        self._file = _identity(db)  # the run file as created: never write into a replacement
 
     def tick(self, root_pid: int) -> None:
         """Called from the wait loop with the training command's pid; samples when one is due.
@@ -88,6 +90,10 @@ class WorkerSampler:
             self._write(found)
 
     def _write(self, found: list[tuple[int, int, Any]]) -> None:
+        if self._file is None or _identity(self.db) != self._file:
+            self._file = None  # replaced or deleted: stop for good (the agent says why)
+            self.close()
+            return
         if self._conn is None:
             self._conn = sqlite3.connect(self.db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn = self._conn
@@ -109,3 +115,11 @@ class WorkerSampler:
             conn.execute("ROLLBACK")
             raise
         self.samples += len(rows)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

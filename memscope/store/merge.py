@@ -40,13 +40,19 @@ class MergeResult:
     rows: dict[str, int] = field(default_factory=dict)  # rows copied per table
     skipped_tables: list[str] = field(default_factory=list)  # tables without a proc column
     missing_ranks: list[int] = field(default_factory=list)  # ranks of the job no input holds
+    live: list[str] = field(default_factory=list)  # inputs still being written (allow_live)
+
+
+class LiveInputs(RunFileError):
+    """Inputs whose runs are still being written: a merge now would miss their later rows."""
 
 
 def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
-               one_job: bool = True) -> MergeResult:
-    """Write ``out`` from ``inputs``; raise RunFileError (one line) for unusable input, and
-    NotOneJob for inputs that are not the ranks of one job unless ``one_job`` is False (then
-    only a global rank held by two inputs is refused)."""
+               one_job: bool = True, allow_live: bool = False) -> MergeResult:
+    """Write ``out`` from ``inputs``; raise RunFileError (one line) for unusable input,
+    LiveInputs for inputs still being written unless ``allow_live``, and NotOneJob for inputs
+    that are not the ranks of one job unless ``one_job`` is False (then only a global rank held
+    by two inputs is refused)."""
     if not inputs:
         raise RunFileError("no input run files given")
     _check_distinct(out, inputs)
@@ -56,12 +62,17 @@ def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
         if len(versions) > 1:
             detail = ", ".join(f"{r.path}: {r.version}" for r in readers)
             raise RunFileError(f"run files of different schema versions cannot be merged ({detail})")
+        live = [r.path for r in readers if (r.run() or {}).get("status") == "running"]
+        if live and not allow_live:
+            raise LiveInputs(f"still being written (their runs say running and a writer is "
+                             f"alive): {', '.join(live)}")
         missing = check_one_job(readers) if one_job else []
         check_distinct_ranks(readers)
         prepare_path(out, force)
         try:
             result = _write(out, readers)
             result.missing_ranks = missing
+            result.live = live
             return result
         except BaseException:
             discard_run(out)  # the half-written file and its WAL / journal

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import sqlite_utils
 
 from memscope.store.liveness import is_abandoned
+from memscope.store.spill import spill_files
 from memscope.store.schema import SCHEMA_VERSION, RunFileError, check_tables, check_version, expected_tables
 
 
@@ -189,6 +190,11 @@ class RunReader:
         times = [row["h"], row["s"]]
         for proc in procs:  # the (proc, t) index makes each max() a lookup
             times.append(self.scalar("SELECT max(t) FROM samples WHERE proc = ?", (proc,)))
+        for spilled in spill_files(self.path):  # touched by a writer a lock holds off
+            try:
+                times.append(os.path.getmtime(spilled))
+            except OSError:
+                pass
         found = [float(x) for x in times if isinstance(x, (int, float))]
         return max(found) if found else None
 

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from memscope import __version__
+from memscope.store import spill
 from memscope.store.schema import APPLICATION_ID, RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
@@ -53,19 +54,59 @@ def prepare_path(path: str, force: bool, force_word: str = "--force") -> None:
         if st.st_size and not is_run_file(path):
             raise RunFileError(f"{path}: exists and is not a memscope run file; refusing to "
                                f"replace it ({force_word} replaces only run files and empty files)")
+        live = live_run(path) if st.st_size else None
+        if live is not None:
+            raise RunFileError(f"{path}: {live}; refusing to replace it, even with {force_word}")
         _remove(path, ("", *_SIDE_FILES))
+        _remove_spills(path)
     else:
-        orphans = [path + s for s in _SIDE_FILES if os.path.lexists(path + s)]
+        orphans = [path + s for s in _SIDE_FILES if os.path.lexists(path + s)] + spill.spill_files(path)
         if orphans:
             if not force:
                 raise RunFileError(f"{orphans[0]}: left from an earlier file named {path}; SQLite "
                                    f"would read it into the new run: remove it or pass {force_word}")
             _remove(path, _SIDE_FILES)
+            _remove_spills(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise RunFileError(f"{path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise RunFileError(f"{path}: directory {parent} is not writable")
+
+
+def live_run(path: str) -> str | None:
+    """Why the run file at ``path`` is still being written (a lock held on it, a run that says
+    running with its writer alive or its heartbeat fresh), or None."""
+    try:
+        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    except sqlite3.Error:
+        return None
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return "another process holds a lock on it (a run still recording, or a tool)"
+    finally:
+        conn.close()
+    from memscope.store.reader import RunReader  # the reading side, only here
+
+    try:
+        with RunReader(path) as reader:
+            run = reader.run()
+    except Exception:  # noqa: BLE001 - a damaged file is not a live one
+        return None
+    if run is not None and run["status"] == "running":
+        return f"its run is still being recorded (memscope attach pid {run.get('owner_pid')})"
+    return None
+
+
+def _remove_spills(path: str) -> None:
+    for p in spill.spill_files(path):
+        try:
+            os.remove(p)
+        except OSError as exc:
+            raise RunFileError(f"{p}: cannot remove it ({exc.strerror})") from None
 
 
 def _remove(path: str, suffixes: tuple[str, ...]) -> None:
@@ -110,7 +151,7 @@ def discard_run(path: str) -> None:
 
 
 def _discard(path: str) -> None:
-    for suffix in ("", *_SIDE_FILES):
+    for suffix in ("", *_SIDE_FILES, *(p[len(path):] for p in spill.spill_files(path))):
         try:
             os.remove(path + suffix)
         except OSError:
@@ -162,7 +203,17 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
         raise RunFileError(f"{path}: cannot record the end of the run ({_reason(exc)})") from None
     try:
         try:
+            # rows the training left in the spill file (the file was locked when it ended)
+            try:
+                replayed = spill.replay_all(path, conn)
+            except OSError:
+                replayed = 0  # unreadable: the rows in it are lost (the writer counted what it could)
             lost = _lost_writers(conn, storage)
+            if replayed:
+                lost.append((f"recording recovered at the end of the run: {replayed} rows the "
+                             "training could not write (the file was locked or refused writes) "
+                             "waited in its spill file and were written then",
+                             {"replayed": replayed}))
             with conn:  # what matters most first: an update of pages the file already has
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute(
@@ -179,9 +230,10 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
                 for message, data in lost:
+                    kind = "recording_recovered" if "replayed" in data else "recording_incomplete"
                     conn.execute("INSERT INTO events (proc, t, step, kind, message, data)"
-                                 " VALUES (?, ?, NULL, 'recording_incomplete', ?, ?)",
-                                 (data.get("proc"), ended, message, json.dumps(data)))
+                                 " VALUES (?, ?, NULL, ?, ?, ?)",
+                                 (data.get("proc"), ended, kind, message, json.dumps(data)))
         except sqlite3.Error:
             pass
         return close_for_copy(conn)
@@ -208,6 +260,59 @@ def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[s
             out.append((f"recording incomplete ({lost} rows dropped): {storage}",
                         {"storage": storage, "dropped": lost}))
     return out
+
+
+def add_event(path: str, kind: str, message: str, data: dict[str, Any] | None = None,
+              proc: int | None = None) -> bool:
+    """One event written outside any agent (the supervisor, a process memscope does not record);
+    best effort: whether it is in the file."""
+    try:
+        conn = connect_rw(path)
+    except (sqlite3.Error, OSError, RunFileError):
+        return False
+    try:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO events (proc, t, step, kind, message, data) VALUES (?, ?, NULL, ?, ?, ?)",
+                         (proc, time.time(), kind, message, json.dumps(data) if data is not None else None))
+        return True
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def file_id(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of ``path``, or None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def wait_writable(path: str, on_wait: Any = None, poll: float = 1.0) -> None:
+    """Block until the run file takes a write (another process's lock on it has gone);
+    ``on_wait()`` is called once, when the first try finds it locked. Other errors return:
+    the write that follows says what they are."""
+    said = False
+    while True:
+        try:
+            conn = sqlite3.connect(path, timeout=poll, isolation_level=None)
+        except sqlite3.Error:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return
+        except sqlite3.Error as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                return
+            if not said and on_wait is not None:
+                on_wait()
+            said = True
+        finally:
+            conn.close()
 
 
 def compact(path: str) -> bool:

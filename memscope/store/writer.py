@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import queue
 import sqlite3
 import threading
@@ -29,10 +30,30 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from memscope.quiet_thread import QuietThread
+from memscope.store import spill
 from memscope.store.closing import ClosingConnection
 from memscope.store.schema import RunFileError, migrate
 
-BUSY_TIMEOUT_S = 10.0
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        value = float(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+    return value if value > 0 else default
+
+
+# How long one transaction waits for another connection's lock before the writer calls the
+# file refusing (MEMSCOPE_BUSY_TIMEOUT: the tests make it short). Rows are not lost when it
+# passes: they wait in memory, then in the spill file, for as long as the lock lasts.
+BUSY_TIMEOUT_S = _env_number("MEMSCOPE_BUSY_TIMEOUT", 10.0)
+DEGRADED_BUSY_S = 0.5  # once refusing: short tries, so the queue is drained between them
+# Structure rows kept in memory while the file refuses writes; past this they go to the spill
+# file beside the run file (MEMSCOPE_SPILL_AFTER; about 1 KiB of memory each).
+SPILL_AFTER = int(_env_number("MEMSCOPE_SPILL_AFTER", 5000))
+# Structure rows the training may queue while the writer thread is inside one blocked attempt
+# (a guard for the training's memory: beyond it they are counted as lost)
+MAX_QUEUED_STRUCTURE = 200_000
 HEARTBEAT_S = 1.0  # how often a live writer stamps its process row (and the current drop count)
 # Tables whose rows may be shed under back-pressure: periodic readings, not the run's structure.
 SAMPLE_TABLES = frozenset({"samples", "cuda_samples", "nvml_samples"})
@@ -133,21 +154,36 @@ class RunWriter:
     """Background writer owning one connection to the run file.
 
     ``max_queue`` bounds the samples waiting to be written (the rest are dropped and counted);
-    structure rows wait however long the disk needs, up to ``max_pending`` (a guard for the
-    training's own memory: beyond it they are counted as dropped too).
+    structure rows wait however long the file refuses writes: ``spill_after`` of them in
+    memory, the rest in the spill file (:mod:`memscope.store.spill`), replayed in order when
+    the file takes writes again. ``max_pending`` guards the training's memory while the writer
+    thread is inside one blocked attempt: structure rows queued beyond it are counted as lost.
+    Rows that are truly lost (the spill file cannot be written either, the run file was
+    replaced or deleted) are counted, steps among them in ``lost_steps``, and explained.
+
+    ``file_id``: the (st_dev, st_ino) the run file must have; the writer stops writing (and
+    counts every row after as lost) when the path names another file or none.
     """
 
     def __init__(self, path: str, max_queue: int = 20000, flush_interval: float = 0.25,
-                 max_pending: int | None = None, busy_timeout: float = BUSY_TIMEOUT_S,
-                 on_connect: Callable[[sqlite3.Connection], None] | None = None) -> None:
+                 max_pending: int | None = None, busy_timeout: float | None = None,
+                 on_connect: Callable[[sqlite3.Connection], None] | None = None,
+                 spill_after: int | None = None, file_id: tuple[int, int] | None = None) -> None:
         self.path = path
-        self.busy_timeout = busy_timeout
+        self.busy_timeout = busy_timeout if busy_timeout is not None else BUSY_TIMEOUT_S
+        self.spill_after = spill_after if spill_after is not None else SPILL_AFTER
+        self.spill_path = spill.spill_path(path)
+        self.file_id = file_id
+        self.lost_steps = 0  # steps rows among the structure rows not kept
+        self.spilled = 0  # rows that went through the spill file
+        self.spill_peak = 0  # the spill file's largest size, bytes
+        self.handed_off = 0  # rows left in the spill file at close, for the supervisor to write
         # called with every connection the writer opens (the fault-injection tests use it to
         # make a real connection refuse: PRAGMA query_only, max_page_count)
         self.on_connect = on_connect
         self.flush_interval = flush_interval
         self.max_queue = max_queue
-        self.max_pending = max_pending if max_pending is not None else max(2 * max_queue, 10000)
+        self.max_pending = max_pending if max_pending is not None else MAX_QUEUED_STRUCTURE
         self.dropped = 0  # rows not kept: samples shed, refused rows, structure past max_pending
         self.dropped_structure = 0  # of which structure rows (should stay 0)
         self.written = 0
@@ -170,6 +206,9 @@ class RunWriter:
         self._drop_since: float | None = None
         self._beat_at = 0.0
         self._retry = 0
+        self._side_ids: dict[str, tuple[int, int]] = {}  # the -wal / -shm beside our file
+        self._spill_offset = 0  # bytes of the spill file already replayed into the run file
+        self._spill_rows = 0  # rows in the spill file not yet replayed
 
     def start(self) -> None:
         self._thread = QuietThread(target=self._run, name="memscope-writer")
@@ -187,7 +226,7 @@ class RunWriter:
         sheddable = item.sheddable
         with self._lock:
             if self.error is not None:
-                self._count_drop(sheddable, self.error)
+                self._count_drop(sheddable, self.error, steps=_is_step(item))
                 return False
             if sheddable:
                 if self._queued_samples >= self.max_queue:
@@ -196,25 +235,34 @@ class RunWriter:
                 self._queued_samples += 1
             else:
                 if self._queued_structure >= self.max_pending:
-                    self._count_drop(False, "writer queue full (the disk has not taken a write "
-                                            "for a long time)")
+                    self._count_drop(False, "writer queue full (the run file has not taken a "
+                                            "write for a long time)", steps=_is_step(item))
                     return False
                 self._queued_structure += 1
         self._q.put_nowait(item)
         return True
 
-    def _count_drop(self, sheddable: bool, reason: str, n: int = 1) -> None:
+    def count_lost_step(self, reason: str) -> None:
+        """A step whose row was never made (its boundary failed): lost, counted, explained."""
+        with self._lock:
+            self._count_drop(False, reason, 1, 1)
+
+    def _count_drop(self, sheddable: bool, reason: str, n: int = 1, steps: int = 0) -> None:
         self.dropped += n
+        self.lost_steps += steps
         if not sheddable:
             self.dropped_structure += n
         if self._drop_reason != reason or self._drop_since is None:
             self._drop_reason = reason
             self._drop_since = time.time()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Flush what is queued and stop the thread (bounded wait)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flush what is queued and stop the thread (bounded wait: what the file does not take
+        by then is left in the spill file, for attach's supervisor to write)."""
         if self._thread is None:
             return
+        if timeout is None:  # one full busy wait, then the short tries and the spill
+            timeout = self.busy_timeout + 4 * DEGRADED_BUSY_S + 2.0
         deadline = time.monotonic() + timeout
         self._q.put_nowait(_STOP)
         self._thread.join(max(0.0, deadline - time.monotonic()))
@@ -223,39 +271,74 @@ class RunWriter:
     # -- the writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        # A failed open is tried again (a lock held by another process, a disk that frees up):
-        # rows queue meanwhile. After the last try every row is counted as dropped.
-        for wait in (*RETRY_S, None):
+        # A failed open is tried again (a disk that frees up); after the last try every row is
+        # counted as dropped. A lock held by another process is waited out however long it
+        # lasts, the rows kept meanwhile as while writing (memory, then the spill file).
+        tries = 0
+        stop_seen = False
+        while True:
+            timeout = self.busy_timeout if tries == 0 else min(self.busy_timeout, DEGRADED_BUSY_S)
             try:
-                self._conn = connect_rw(self.path, self.busy_timeout)
+                self._conn = connect_rw(self.path, timeout)
                 if self.on_connect is not None:
                     self.on_connect(self._conn)
+                if self.file_id is None:
+                    st = os.stat(self.path)
+                    self.file_id = (st.st_dev, st.st_ino)
                 break
             except Exception as exc:
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
-                if wait is None or isinstance(exc, RunFileError):  # not a run file: no point
-                    with self._lock:
+                locked = isinstance(exc, sqlite3.Error) and _is_busy(exc)
+                if isinstance(exc, RunFileError) or (not locked and tries >= len(RETRY_S)):
+                    with self._lock:  # not a run file, or one that will not open: no point
                         self.error = f"cannot open run file: {exc}"
-                        self._count_drop(False, self.error, self._discard_queue())
+                        n, steps = self._discard_queue()
+                        self._count_drop(False, self.error, n + len(self._pending),
+                                         steps + sum(_is_step(it) for it in self._pending))
+                        self._pending = []
                     return
-                time.sleep(wait)
+                if stop_seen and tries >= len(RETRY_S):
+                    # the process ends behind the lock: the supervisor writes the rows
+                    if self._pending:
+                        self._spill(self._pending, self.last_error or "locked")
+                        self._pending = []
+                    self.handed_off = self._spill_rows
+                    return
+                if stop_seen:
+                    time.sleep(RETRY_S[min(tries, len(RETRY_S) - 1)])
+                    batch: list[object] = []
+                else:
+                    batch, stop_seen = self._drain(RETRY_S[min(tries, len(RETRY_S) - 1)])
+                self._take(batch)
+                self._refused(exc, self._pending + batch)
+                tries += 1
+        if stop_seen:
+            self._q.put_nowait(_STOP)  # flush what waited, then stop
         try:
             self._loop()
         finally:
             if self._conn is not None:
                 self._conn.close()
 
-    def _discard_queue(self) -> int:
-        """Empty the queue; the number of rows it held."""
-        rows = 0
+    def _take(self, batch: list[object]) -> None:
+        """``batch`` left the queue: its rows no longer count against the queue's bounds."""
+        n_samples = sum(1 for it in batch if getattr(it, "sheddable", False))
+        with self._lock:
+            self._queued_samples -= n_samples
+            self._queued_structure -= len(batch) - n_samples
+
+    def _discard_queue(self) -> tuple[int, int]:
+        """Empty the queue; the number of rows it held, and of steps rows among them."""
+        rows = steps = 0
         while True:
             try:
                 item = self._q.get_nowait()
             except queue.Empty:
-                return rows
+                return rows, steps
             rows += item is not _STOP
+            steps += _is_step(item)
 
     def _loop(self) -> None:
         stopping = False
@@ -263,12 +346,16 @@ class RunWriter:
             wait = self.flush_interval if not self._pending else RETRY_S[min(self._retry, len(RETRY_S) - 1)]
             batch, stopping = self._drain(wait)
             self._attempt(batch, final=stopping)
-        if self._pending or self._reported != self._drop_reason:
+        if self._pending or self._spill_rows or self._reported != self._drop_reason:
             self._attempt([], final=True)  # last try: the file may have room again
-        if self._pending:  # never written: count them so the process row says so
-            with self._lock:
-                self._count_drop(False, self.last_error or "write failed", len(self._pending))
+        if self._pending:  # not written: to the spill file for the supervisor, else lost
+            self._spill(self._pending, self.last_error or "write failed")
             self._pending = []
+        if self._spill_rows:  # why rows were shed meanwhile, written after them
+            self._spill(self._report_rows(time.time()), "")
+        self.handed_off = self._spill_rows
+        if self.dropped_structure and self.error is None:
+            self._final_report()
 
     def _drain(self, wait: float) -> tuple[list[object], bool]:
         batch: list[object] = []
@@ -286,12 +373,12 @@ class RunWriter:
     def _attempt(self, batch: list[object], final: bool) -> None:
         """Write the pending structure rows, ``batch``, the drop report and the heartbeat.
         Never raises: the writer thread must outlive any error."""
-        n_samples = sum(1 for it in batch if getattr(it, "sheddable", False))
-        with self._lock:
-            self._queued_samples -= n_samples
-            self._queued_structure -= len(batch) - n_samples
+        self._take(batch)
         items = self._pending + batch
         self._pending = []
+        if self.error is not None:  # the run file was replaced or deleted: nothing goes there
+            self._lost(items)
+            return
         now = time.time()
         report = self._report_rows(now)
         meta: list[object] = []
@@ -299,12 +386,22 @@ class RunWriter:
             beat = self._heartbeat_row(now)
             if beat is not None:
                 meta.append(beat)
-        if not items and not report and not meta:
+        if not items and not report and not meta and not self._spill_rows:
+            return
+        if self.degraded_since is not None:
+            spill.touch(self.spill_path)  # a sign of life for readers while the file refuses
+        gone = self._file_gone()
+        if gone is not None:
+            self._file_lost(gone, items)
             return
         try:
-            # the reason and the heartbeat first: when the disk is nearly full, the small
-            # transaction that says why may fit where the rows no longer do
-            left, refusal = self._write_all(report + meta, items)
+            refusal = self._replay_spill()
+            if refusal is not None:
+                left = report + meta + items
+            else:
+                # the reason and the heartbeat first: when the disk is nearly full, the small
+                # transaction that says why may fit where the rows no longer do
+                left, refusal = self._write_all(report + meta, items)
         except Exception as exc:  # noqa: BLE001 - a bug here must not end the recording
             left, refusal = report + meta + items, exc
         own = {id(it) for it in report + meta}
@@ -314,18 +411,19 @@ class RunWriter:
         if meta and not any(id(it) in own for it in left):
             self._beat_at = now
         if refusal is not None:
-            self._refused(refusal, [it for it in left if id(it) not in own])  # those: made afresh
+            # those: made afresh; the errors began when this attempt did (it waited the busy timeout)
+            self._refused(refusal, [it for it in left if id(it) not in own], since=now)
             return
         if self.degraded_since is not None:
             self._recovered(now)
 
-    def _refused(self, exc: BaseException, items: list[object]) -> None:
+    def _refused(self, exc: BaseException, items: list[object], since: float | None = None) -> None:
         """The file took none of ``items``: keep the structure for the next attempt, shed the
         samples, and start the next attempt on a fresh connection."""
         error = exc.error if isinstance(exc, _FileRefused) else exc
         message = _describe(error) if isinstance(error, sqlite3.Error) else f"{type(error).__name__}: {error}"
         if self.degraded_since is None:
-            self.degraded_since = time.time()
+            self.degraded_since = since if since is not None else time.time()
         self.last_error = message
         conn = self._conn
         if conn is not None and "full" in message:
@@ -337,13 +435,163 @@ class RunWriter:
         self._retry += 1
         keep = [it for it in items if not getattr(it, "sheddable", False)]
         shed = len(items) - len(keep)
-        with self._lock:
-            if shed:
+        if shed:
+            with self._lock:
                 self._count_drop(True, message, shed)
-            if len(keep) > self.max_pending:
-                self._count_drop(False, message, len(keep) - self.max_pending)
-                keep = keep[-self.max_pending:]
+        if self._spill_rows or len(keep) > self.spill_after:
+            # in order: the spill file holds the oldest rows, memory the newer ones
+            self._spill(keep, message)
+            keep = []
+        elif not os.path.exists(self.spill_path):
+            try:  # the file readers look at for a sign of life while this one refuses
+                spill.append(self.spill_path, [json.dumps({"pid": os.getpid(), "since": self.degraded_since})])
+            except OSError:
+                pass
         self._pending = keep
+
+    # -- the spill file ------------------------------------------------------------------------
+
+    def _spill(self, items: list[object], why: str) -> None:
+        """Append ``items`` to the spill file; rows it cannot take are lost (counted)."""
+        lines = [_encode(it) for it in items if not getattr(it, "meta", False)]
+        if not lines:
+            return
+        try:
+            spill.append(self.spill_path, lines)
+        except OSError as exc:
+            with self._lock:
+                self._count_drop(False, f"{why}; the spill file {self.spill_path} could not take "
+                                        f"the waiting rows either ({exc.strerror or exc})",
+                                 len(lines), sum(_is_step(it) for it in items))
+            return
+        self._spill_rows += len(lines)
+        self.spilled += len(lines)
+        self.spill_peak = max(self.spill_peak, spill.size(self.spill_path))
+
+    def spill_now(self, sql: str, params: Sequence[Any]) -> bool:
+        """After close: leave one statement (the process row's last update) in the spill file,
+        for the supervisor to write once the file takes writes. Whether it was kept."""
+        try:
+            spill.append(self.spill_path, [spill.encode_exec(sql, params)])
+        except OSError:
+            return False
+        self.handed_off += 1
+        return True
+
+    def _replay_spill(self) -> BaseException | None:
+        """Write the spill file's rows, oldest first, in chunks; None when all are in the file
+        (it is removed then), else why the file refused."""
+        if not self._spill_rows:
+            return None
+        while True:
+            try:
+                chunk, offset = spill.read(self.spill_path, self._spill_offset, 1000)
+            except OSError as exc:  # the file went, or no descriptor left: try again later
+                return exc
+            if not chunk:
+                break
+            items: list[object] = [_Insert(what, values) if kind == "insert" else _Exec(what, values)
+                                   for kind, what, values in chunk]
+            try:
+                self._write(self._connection(), items)
+            except _FileRefused as exc:
+                return exc
+            except _RowRejected:  # one bad row among them: row by row, counting the refused
+                for it in items:
+                    try:
+                        self._write(self._connection(), [it])
+                    except _RowRejected as exc:
+                        self._rejected(it, str(exc))
+            self._spill_offset = offset
+        self._spill_rows = 0
+        self._spill_offset = 0
+        try:
+            os.remove(self.spill_path)
+        except OSError:
+            pass
+        return None
+
+    # -- the run file's identity ---------------------------------------------------------------
+
+    def file_gone(self) -> str | None:
+        """Why the run file can no longer be written by this process, if so (replaced,
+        deleted: other connections of the process must not write there either)."""
+        return self.error if self.error is not None and "during the run" in self.error else self._file_gone()
+
+    def _file_gone(self) -> str | None:
+        """Why the path no longer names the file this writer opened (None while it does)."""
+        if self.file_id is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"the run file {self.path} was deleted during the run"
+        except OSError:
+            return None  # cannot tell (no descriptor left, say): the write will say
+        if (st.st_dev, st.st_ino) != self.file_id:
+            return f"the run file {self.path} was replaced by another file during the run"
+        for suffix in ("-wal", "-shm"):  # ours while the file is: removed with it if it goes
+            try:
+                side = os.stat(self.path + suffix)
+                self._side_ids[suffix] = (side.st_dev, side.st_ino)
+            except OSError:
+                self._side_ids.pop(suffix, None)
+        return None
+
+    def _file_lost(self, why: str, items: list[object]) -> None:
+        """Stop writing for good: the path is someone else's file now (or none). Closing the
+        connection folds its WAL into the file it opened (by descriptor), and leaves no -wal
+        for the new file to read."""
+        with self._lock:
+            self.error = f"{why}; recording stopped there"
+        if self._spill_rows:  # rows meant for the lost file: lost with it
+            try:
+                steps = sum(1 for kind, what, _ in spill.rows(self.spill_path)
+                            if kind == "insert" and what == "steps")
+                os.remove(self.spill_path)
+            except OSError:
+                steps = 0
+            with self._lock:
+                self._count_drop(False, self.error, self._spill_rows, steps)
+            self._spill_rows = 0
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        # SQLite keeps the -wal of a moved database (it does not checkpoint a file that moved):
+        # beside the new file it would be read into it ("database disk image is malformed").
+        # Ours (the same inode as at the last write) goes; the rows in it were this run's.
+        for suffix, ident in self._side_ids.items():
+            try:
+                st = os.stat(self.path + suffix)
+                if (st.st_dev, st.st_ino) == ident:
+                    os.remove(self.path + suffix)
+            except OSError:
+                pass
+        self._lost(items)
+
+    def _lost(self, items: list[object]) -> None:
+        rows = [it for it in items if not getattr(it, "meta", False)]
+        if rows:
+            with self._lock:
+                self._count_drop(False, self.error or "lost", len(rows), sum(_is_step(it) for it in rows))
+
+    def _final_report(self) -> None:
+        """At close, when structure rows were lost: one event with the totals (in the file, or
+        in the spill file for the supervisor)."""
+        message = (f"recording incomplete: {self.lost_steps} steps ({self.dropped_structure} rows) "
+                   f"were lost: {self._drop_reason or self.last_error or 'write failed'}")
+        data = {"lost_steps": self.lost_steps, "dropped_structure": self.dropped_structure,
+                "dropped": self.dropped, "error": self._drop_reason}
+        event = _Insert("events", self._event_row("recording_incomplete", message, data))
+        try:
+            left, refusal = self._write_all([], [event])
+        except Exception as exc:  # noqa: BLE001
+            left, refusal = [event], exc
+        if refusal is not None or left:
+            self._spill([event], "")
 
     def _recovered(self, now: float) -> None:
         since = self.degraded_since or now
@@ -360,11 +608,14 @@ class RunWriter:
         if reason is None or self._reported == reason or self._reports >= MAX_REPORTS:
             return []
         since = self._drop_since or now
-        what = "memory samples" if self.dropped_structure == 0 else "rows"
+        if self.lost_steps:
+            what = f"{self.lost_steps} steps lost ({self.dropped_structure} rows)"
+        else:
+            what = "memory samples dropped" if self.dropped_structure == 0 else "rows dropped"
         message = (f"recording degraded from {time.strftime('%H:%M:%S', time.localtime(since))}: "
-                   f"{what} dropped ({reason})")
+                   f"{what} ({reason})")
         data = {"error": reason, "since": since, "dropped": self.dropped,
-                "dropped_structure": self.dropped_structure}
+                "dropped_structure": self.dropped_structure, "lost_steps": self.lost_steps}
         return [_Insert("events", self._event_row("recording_degraded", message, data))]
 
     def _event_row(self, kind: str, message: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -396,8 +647,12 @@ class RunWriter:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
+            if self.error is not None:
+                raise _FileRefused(sqlite3.OperationalError(self.error))
+            # while the file refuses: short tries, so the training's rows are drained between
+            timeout = self.busy_timeout if self.degraded_since is None else min(self.busy_timeout, DEGRADED_BUSY_S)
             try:
-                conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
+                conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
                                        check_same_thread=False)
                 tune(conn)
                 if self.on_connect is not None:
@@ -426,7 +681,9 @@ class RunWriter:
             try:
                 try:
                     self._write(self._connection(), chunk)
-                except _FileRefused:
+                except _FileRefused as first_refusal:
+                    if _is_busy(first_refusal.error):
+                        raise  # it already waited its busy timeout: no second wait as long
                     time.sleep(RETRY_S[0])
                     self._reconnect()
                     self._write(self._connection(), chunk)
@@ -492,6 +749,24 @@ class RunWriter:
             rollback_quietly(conn)
             raise _RowRejected(f"{type(exc).__name__}: {exc}") from None
         self.written += written
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    return "locked" in str(exc)
+
+
+def _is_step(item: object) -> int:
+    return int(isinstance(item, _Insert) and item.table == "steps")
+
+
+def _encode(item: object) -> str:
+    if isinstance(item, _Insert):
+        return spill.encode_insert(item.table, item.row)
+    assert isinstance(item, _Exec)
+    return spill.encode_exec(item.sql, item.params)
 
 
 class _RowRejected(Exception):

@@ -1,0 +1,171 @@
+"""Another process holds a write lock on the run file for longer than the writer's retry window
+(issue 21: a backup tool, a ``sqlite3`` shell). No step may be lost in silence: the structure
+rows wait (in memory, then in the spill file beside the run file) and reach the file when the
+lock goes, by the writer itself or, after the training ended, by attach's supervisor. While it
+waits, the run is ``running``, never ``abandoned``.
+
+The retry window is made short with MEMSCOPE_BUSY_TIMEOUT and the in-memory cap small with
+MEMSCOPE_SPILL_AFTER, so a lock of a few seconds is "longer than the window" and spills.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from faults.runs import LOOP, finish, integrity, report, steps_recorded, wait_steps, wait_until
+from memscope.store.reader import RunReader
+from memscope.store.runs import create_run, register_process
+from memscope.store.spill import spill_files, spill_path, total_size
+from memscope.store.writer import RunWriter
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS = 400
+
+
+def attach(db: Path, *args: str) -> subprocess.Popen[str]:
+    from conftest import ROOT
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEMSCOPE_BUSY_TIMEOUT="0.3",
+               MEMSCOPE_SPILL_AFTER="40")
+    return subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--headless", "--db",
+                             str(db), LOOP, "--steps", str(STEPS), *args], cwd=ROOT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+class Lock:
+    """A real second connection holding BEGIN EXCLUSIVE on the run file."""
+
+    def __init__(self, db: Path) -> None:
+        self.conn = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
+        self.conn.execute("BEGIN EXCLUSIVE")
+
+    def release(self) -> None:
+        self.conn.execute("COMMIT")
+        self.conn.close()
+
+
+def status_now(db: Path) -> str:
+    with RunReader(db) as reader:
+        run = reader.run()
+        assert run is not None
+        return str(run["status"])
+
+
+def test_a_lock_released_during_the_training(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    proc = attach(db, "--sleep", "0.01")
+    wait_steps(db, 20, proc)
+    lock = Lock(db)
+    try:
+        # the writer gives up its short window, then spills past 40 rows: the file appears
+        wait_until(lambda: total_size(str(db)) > 20_000, timeout=60, what="rows spilled")
+        assert status_now(db) == "running"  # alive behind the lock, not abandoned
+    finally:
+        lock.release()
+    code, _out, err = finish(proc)
+    assert code == 0, err
+    assert steps_recorded(db) == list(range(STEPS))  # every step, in order, none twice
+    assert spill_files(str(db)) == []  # replayed, then removed
+    data = report(db)
+    assert data["run"]["status"] == "finished" and data["run"]["steps"] == STEPS
+    # shed memory samples are counted and explained; no structure row is
+    assert any("takes writes again" in line for line in data["run"]["recording"]), data["run"]["recording"]
+    assert not any("lost" in line for line in data["run"]["recording"])
+    assert integrity(db) == "ok"
+
+
+def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    proc = attach(db, "--sleep", "0.005")  # short steps: the training ends behind the lock
+    wait_steps(db, 20, proc)
+    lock = Lock(db)
+    released = threading.Event()
+
+    def release_later() -> None:
+        # the training ends behind the lock; attach then waits for it, however long
+        try:
+            wait_until(lambda: _training_gone(proc.pid), timeout=90, what="the training to end")
+            assert spill_files(str(db))  # its last rows wait there
+            assert status_now(db) == "running"  # the supervisor still finishes it
+            time.sleep(2.5)  # longer than attach's first try (1 s): it says it waits
+            assert status_now(db) == "running"
+        finally:
+            lock.release()
+            released.set()
+
+    t = threading.Thread(target=release_later)
+    t.start()
+    code, _out, err = finish(proc)
+    t.join()
+    assert released.is_set()
+    assert code == 0, err
+    assert "is locked by another process" in err and "waiting" in err  # said on stderr
+    assert steps_recorded(db) == list(range(STEPS))
+    data = report(db)
+    assert data["run"]["status"] == "finished" and data["run"]["steps"] == STEPS
+    assert any("written then" in line for line in data["run"]["recording"])
+    with RunReader(db) as reader:  # the process's own last word came through the spill file
+        assert [p["status"] for p in reader.processes()] == ["stopped"]
+
+
+def _training_gone(supervisor: int) -> bool:
+    """Whether attach's child (the training) has exited."""
+    import psutil
+
+    try:
+        return not psutil.Process(supervisor).children()
+    except psutil.Error:
+        return True
+
+
+def test_rows_that_cannot_be_spilled_are_counted_as_lost_steps(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    create_run(str(db), ["python", "train.py"])
+    proc = register_process(str(db), {"pid": 1, "started": time.time(), "status": "running"})
+    os.mkdir(spill_path(str(db)))  # the spill file cannot be written
+    writer = RunWriter(str(db), flush_interval=0.02, busy_timeout=0.1, spill_after=5)
+    writer.proc_id = proc
+    writer.start()
+    lock = Lock(db)
+    for step in range(30):
+        writer.insert("steps", {"proc": proc, "step": step, "start": float(step), "end": step + 0.5,
+                                "status": "ok"})
+    wait_until(lambda: writer.lost_steps > 0, timeout=30, what="a spill failure")
+    lock.release()
+    writer.close()
+    with RunReader(db) as reader:
+        kept = [s["step"] for s in reader.steps(proc)]
+        lost = writer.lost_steps
+        assert lost == 30 - len(kept) and lost > 0
+        (final,) = reader.events("recording_incomplete")
+        assert final["data"]["lost_steps"] == lost
+        assert f"{lost} steps" in final["message"] and "spill file" in final["message"]
+        degraded = reader.events("recording_degraded")
+        assert degraded and "steps lost" in degraded[0]["message"]
+
+
+def test_a_fresh_spill_file_is_a_sign_of_life(tmp_path: Path) -> None:
+    # judged by heartbeat (another host's file): a stale heartbeat, but the writer is touching
+    # its spill file while a lock holds it off
+    db = tmp_path / "r.db"
+    create_run(str(db), ["python", "train.py"], started=time.time() - 600)
+    register_process(str(db), {"pid": 1, "host": "elsewhere", "started": time.time() - 600,
+                               "heartbeat": time.time() - 600, "status": "running"})
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE run SET host = 'elsewhere'")
+    conn.commit()
+    conn.close()
+    assert socket.gethostname() != "elsewhere"
+    assert status_now(db) == "abandoned"
+    Path(spill_path(str(db), 1)).write_text('{"pid": 1}\n')
+    assert status_now(db) == "running"
