@@ -211,6 +211,12 @@ def main() -> int:
             shutil.copy(p, DATA / p.name)
             if os.environ.get("OUT"):
                 shutil.copy(p, Path(os.environ["OUT"]) / p.name)
+    # the CPU suite's readers of those captures, on them: a missing capture fails here
+    readers = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "tests/test_oom_cuda.py", "-k", "test_real_"], cwd=ROOT,
+                             env={**env(), "MEMSCOPE_TEST_REQUIRE_CAPTURES": "1"})
+    if readers.returncode:
+        failed.append("the captures' readers")
     say(f"saved under tests/data: {', '.join(saved) or 'nothing'}")
     if failed:
         say(f"FAILED: {', '.join(failed)}")
