@@ -216,6 +216,8 @@ def test_breakdown_at_failure_matches_an_independent_count(tmp_path: Path, mode:
     assert report["oom"]["breakdown"] == bd and report["oom"]["breakdown_step"] == 2
     # the failing step's peak is in-step (issue #14 item 3), with the breakdown at the failure
     assert report["peak"]["step"] == 2
+    if mode != "forward":
+        return  # the text, oom and HTML renderings do not depend on the phase: checked once
     text = memscope("report", str(db)).stdout
     assert "(the step that ran out of memory)" in text and "outside the steps" not in text
     assert "at the OOM in step 2" in text
