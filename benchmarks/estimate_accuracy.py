@@ -16,7 +16,8 @@ the fake run alike; the other models take ``--optimizer`` themselves.
     .venv/bin/python benchmarks/estimate_accuracy.py --quick     # one case per model
     .venv/bin/python benchmarks/estimate_accuracy.py --json
 
-Exits 1 when a case is more than 10% off or a run fails.
+Exits 1 when a case is further off than its measured precision (``allowed``: to the byte, bar the
+ResNet under bf16 autocast, 0.003%) or a run fails.
 """
 
 from __future__ import annotations
@@ -39,7 +40,17 @@ from memscope.store.reader import RunReader  # noqa: E402
 from memscope.units import human_bytes  # noqa: E402
 
 EX = ROOT / "examples"
-TOLERANCE = 0.10
+# The measured precision, asserted by tests/test_fake_estimate.py: to the byte, bar the ResNet
+# under bf16 autocast, whose fake run is 1,152 B (0.0026%) below the real one (some bf16
+# convolution's real CPU output has a larger storage than its fake one; not traced further).
+SLACK = {("CNN (ResNet)", "bf16 autocast"): 3e-5}  # |relative error| at most
+
+
+def allowed(model: str, precision: str) -> float:
+    """The largest |relative error| this case may show."""
+    return SLACK.get((model, precision), 0.0)
+
+
 # model: (script and arguments, {optimizer: (extra arguments, techniques)})
 MODELS: dict[str, tuple[list[str], dict[str, tuple[list[str], list[str]]]]] = {
     "tiny_gpt": ([str(EX / "tiny_gpt.py"), "--eval-every", "0"],
@@ -126,7 +137,7 @@ def main() -> int:
             rows.append(measure(runner, *case, workdir=workdir))
             print(f"{' / '.join(case)}: {rows[-1].error}", file=sys.stderr)
     print(json.dumps([asdict(r) for r in rows], indent=2) if args.json else markdown(rows))
-    bad = [r for r in rows if r.error is None or abs(r.error) > TOLERANCE]
+    bad = [r for r in rows if r.error is None or abs(r.error) > allowed(r.model, r.precision)]
     return 1 if bad else 0
 
 

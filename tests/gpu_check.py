@@ -211,6 +211,13 @@ def main() -> int:
             shutil.copy(p, DATA / p.name)
             if os.environ.get("OUT"):
                 shutil.copy(p, Path(os.environ["OUT"]) / p.name)
+    # the CPU suite's readers of those captures, on them: a missing capture fails here
+    readers = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                              "tests/test_oom_cuda.py", "-k", "test_real_memory_stats_parse or "
+                              "test_real_snapshot_imports or test_real_oom_record_renders"], cwd=ROOT,
+                             env={**env(), "MEMSCOPE_TEST_REQUIRE_CAPTURES": "1"})
+    if readers.returncode:
+        failed.append("the captures' readers")
     say(f"saved under tests/data: {', '.join(saved) or 'nothing'}")
     if failed:
         say(f"FAILED: {', '.join(failed)}")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -54,30 +54,60 @@ def runner() -> Any:
 
 # -- accuracy: the fake peak against the real one ---------------------------------------------------
 
+@pytest.fixture(scope="module")
+def measured(runner: FakeRunner, tmp_path_factory: pytest.TempPathFactory) -> Callable[[tuple[str, str, str]], Any]:
+    """One case's row (fake run and real run), measured once per module."""
+    rows: dict[tuple[str, str, str], Any] = {}
+
+    def row(case: tuple[str, str, str]) -> Any:
+        if case not in rows:
+            rows[case] = accuracy.measure(runner, *case, str(tmp_path_factory.mktemp("accuracy")))
+        return rows[case]
+    return row
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model, optimizer, precision", accuracy.QUICK)
-def test_fake_peak_is_within_10_percent_of_the_real_live_tensor_peak(
-        runner: FakeRunner, tmp_path: Path, model: str, optimizer: str, precision: str) -> None:
+def test_fake_peak_is_the_real_live_tensor_peak_to_the_byte(
+        measured: Callable[[tuple[str, str, str]], Any], model: str, optimizer: str, precision: str) -> None:
     """Issue #17 item 2, one case per model (the README's table has all 16: benchmarks/
     estimate_accuracy.py). The real run is measured by whatif's exact counter (every live
-    tensor storage, steps 1 and 2); the fake run allocates nothing."""
-    row = accuracy.measure(runner, model, optimizer, precision, str(tmp_path))
+    tensor storage, steps 1 and 2); the fake run allocates nothing. Measured: equal to the byte,
+    bar the ResNet under bf16 autocast (0.0026% below): ``accuracy.allowed``."""
+    row = measured((model, optimizer, precision))
     assert row.estimate and row.measured, row.note
-    assert abs(row.error) <= accuracy.TOLERANCE, row
+    assert abs(row.error) <= accuracy.allowed(model, precision), row
+    if not accuracy.allowed(model, precision):
+        assert row.estimate == row.measured, row
 
 
-def test_the_readme_table_is_the_benchmark_s_and_within_10_percent() -> None:
-    """The README's accuracy table has the rows benchmarks/estimate_accuracy.py prints (its
-    header, one row per case, in order) and every error in it is within the tolerance."""
-    readme = (ROOT / "README.md").read_text()
+def accuracy_table() -> list[str]:
+    """The accuracy table's lines as published: in README.md, else in the docs site."""
     header = accuracy.markdown([]).splitlines()
-    start = readme.index(header[0])
-    lines = readme[start:].splitlines()[:len(header) + len(accuracy.cases())]
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text() if page.exists() else ""
+        if header[0] in text:
+            return text[text.index(header[0]):].splitlines()[:len(header) + len(accuracy.cases())]
+    raise AssertionError("no page publishes benchmarks/estimate_accuracy.py's table")
+
+
+@pytest.mark.slow
+def test_the_readme_table_is_the_benchmark_s_and_its_quick_rows_are_rerun(
+        measured: Callable[[tuple[str, str, str]], Any]) -> None:
+    """The published accuracy table has the rows benchmarks/estimate_accuracy.py prints (its
+    header, one row per case, in order), every error in it within that case's measured precision,
+    and its quick rows are what the estimator and the real run give today, cell for cell."""
+    lines = accuracy_table()
+    header = accuracy.markdown([]).splitlines()
     assert lines[:2] == header
+    published = {}
     for line, (model, optimizer, precision) in zip(lines[2:], accuracy.cases()):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:3] == [model, optimizer, precision]
-        assert abs(float(cells[5].rstrip("%"))) <= 100 * accuracy.TOLERANCE
+        assert abs(float(cells[5].rstrip("%"))) <= 100 * accuracy.allowed(model, precision) + 5e-4, line
+        published[(model, optimizer, precision)] = line
+    for case in accuracy.QUICK:
+        assert accuracy.markdown([measured(case)]).splitlines()[2] == published[case]
 
 
 def test_the_quick_cases_cover_every_model_optimizer_and_precision() -> None:

@@ -45,10 +45,6 @@ def profiled_steps(db: Path) -> list[int]:
         return [r[0] for r in conn.execute("SELECT DISTINCT step FROM layer_stats ORDER BY step")]
 
 
-def close(measured: int, expected: int, tol: float = 0.05) -> bool:
-    return abs(measured - expected) <= tol * expected
-
-
 def train(model: nn.Module, make_batch: Any, steps: int, loss_fn: Any = None) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _ in range(steps):
@@ -80,7 +76,7 @@ def test_mlp_bytes_match_analytic_values(tmp_path: Path) -> None:
         }
         for name, want in expected.items():
             got = rows[name]["saved_bytes"]
-            assert (got == 0) if want == 0 else close(got, want), (step, name, got, want)
+            assert got == want, (step, name, got, want)  # to the byte, as measured
         assert rows[""]["type"] == "Sequential" and rows[""]["saved_bytes"] == 0
         assert rows["0"]["type"] == "Linear" and rows["0"]["calls"] == 1
         assert rows["1"]["output_bytes"] == B * D_H * F32
@@ -90,7 +86,8 @@ def test_mlp_bytes_match_analytic_values(tmp_path: Path) -> None:
                           " FROM step_breakdown WHERE step = 2").fetchone()
     params = sum(p.numel() * F32 for p in model.parameters())
     assert bd[0] == params and bd[1] == params
-    assert close(bd[2], 2 * params)  # Adam: exp_avg and exp_avg_sq (+ tiny step counters)
+    # Adam: exp_avg and exp_avg_sq, and one float32 step counter a parameter
+    assert bd[2] == 2 * params + F32 * len(list(model.parameters()))
     assert bd[3] >= sum(expected.values())  # the activations alive together at the peak
 
 
@@ -124,9 +121,9 @@ def test_attention_scores_land_on_the_attention_module(tmp_path: Path) -> None:
     want_attn = 3 * B * N * D * F32 + B * H * N * N * F32 + N * N
     got = rows["1"]["saved_bytes"]
     assert rows["1"]["type"] == "Attention"
-    assert close(got, want_attn), (got, want_attn)
-    assert close(rows["1.qkv"]["saved_bytes"], B * N * D * F32)   # its input (LayerNorm output)
-    assert close(rows["1.proj"]["saved_bytes"], B * N * D * F32)  # the reshaped attention output
+    assert got == want_attn, (got, want_attn)
+    assert rows["1.qkv"]["saved_bytes"] == B * N * D * F32   # its input (LayerNorm output)
+    assert rows["1.proj"]["saved_bytes"] == B * N * D * F32  # the reshaped attention output
     spots = hotspots(rows.values())
     assert spots[0].module == "1" and spots[0].share > 0.5
 
@@ -180,14 +177,16 @@ def test_fold_name() -> None:
 
 def test_default_cadence_profiles_step_1_only(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
-    out = run_cli("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"), "--steps", "10")
+    # as few steps as show the cadence (step 1 only, not 0 or 2-4; then every 3rd from 0)
+    out = run_cli("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"), "--steps", "5",
+                  "--eval-every", "0")
     assert out.returncode == 0, out.stderr
     assert profiled_steps(db) == [1]
     db2 = tmp_path / "c2.db"
     out = run_cli("attach", "--headless", "--db", str(db2), "--layers-every", "3", "--layers-first", "0",
-                  str(EXAMPLES / "tiny_gpt.py"), "--steps", "10")
+                  str(EXAMPLES / "tiny_gpt.py"), "--steps", "7", "--eval-every", "0")
     assert out.returncode == 0, out.stderr
-    assert profiled_steps(db2) == [0, 3, 6, 9]
+    assert profiled_steps(db2) == [0, 3, 6]
     db3 = tmp_path / "c3.db"
     out = run_cli("attach", "--headless", "--db", str(db3), "--layers-every", "0",
                   str(EXAMPLES / "tiny_gpt.py"), "--steps", "3")
@@ -289,7 +288,7 @@ def test_checkpointed_block_reports_fewer_saved_bytes(tmp_path: Path) -> None:
     rows = layer_rows(db)
     plain, ckpt = subtree(rows, "0"), subtree(rows, "1")
     assert plain > 0 and 0 < ckpt < plain / 4
-    assert close(ckpt, 32 * 128 * F32)  # checkpointing keeps the block's input
+    assert ckpt == 32 * 128 * F32  # checkpointing keeps the block's input
     # recomputation in backward is not a second forward call
     assert rows["1.inner.f.0"]["calls"] == 1
 
@@ -395,11 +394,14 @@ def test_backward_time_per_module(tmp_path: Path) -> None:
     rows = layer_rows(db)
     assert profiled_steps(db) == [0, 1]
     slow, fc, first, root = rows["1"], rows["1.fc"], rows["0"], rows[""]
+    # no wall-clock limits (a loaded machine stretches any step): only what the order of the
+    # pass fixes. The sleep lasts at least 0.08 s; a child's window lies inside its parent's, after
+    # the sleep; siblings' windows follow one another inside the root's (EPS: clock reads apart).
+    EPS = 0.005
     assert slow["backward_s"] >= 0.08  # its own sleeping node
-    assert fc["backward_s"] < 0.08  # a child that does not sleep
-    assert root["backward_s"] >= slow["backward_s"]  # children included
-    assert first["backward_s"] is not None and first["backward_s"] < 0.08  # ends with the pass
-    assert rows["3"]["backward_s"] < 0.08
+    assert fc["backward_s"] <= slow["backward_s"] - 0.08 + EPS  # a child that does not sleep
+    assert first["backward_s"] is not None  # ends with the pass
+    assert rows["3"]["backward_s"] + slow["backward_s"] + first["backward_s"] <= root["backward_s"] + EPS
     assert all(r["alloc_delta"] is None and r["alloc_peak"] is None for r in rows.values())  # CPU
     # hooks on graph nodes are gone after the step: a later backward of a kept graph is harmless
     assert not nn_module._global_forward_hooks

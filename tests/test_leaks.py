@@ -55,6 +55,16 @@ def first_reported(db: Path, held_by: str) -> int | None:
     return None
 
 
+def graph_malloc() -> dict[str, float]:
+    """tests/scripts/graph_malloc.py's independent measure of total_loss.py's leak a step."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "graph_malloc.py")],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode == 2:
+        pytest.skip("no glibc mallinfo2 here")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
 # -- the verdict rule ------------------------------------------------------------------------------
 
 def pts(steps: list[int], sizes: list[int]) -> list[tuple[int, int, int]]:
@@ -156,8 +166,11 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
     assert lk["kind"] == case["kind"]
     assert lk["last_step"] == 39 and 2 <= lk["first_step"] <= 6
     if case["kind"] == "graph":  # one scalar whose retained autograd graph grows
-        assert lk["tensors_per_step"] == 0 and 8 <= lk["graph_nodes_per_step"] <= 16
-        assert lk["bytes_per_step"] == round(lk["graph_nodes_per_step"] * 800)
+        # against the same loop run without memscope: its graph walked, glibc's malloc counted
+        truth = graph_malloc()
+        assert lk["tensors_per_step"] == 0 and lk["graph_nodes_per_step"] == truth["nodes_per_step"]
+        # bytes a node are an estimate (NODE_BYTES); measured 12.7% above malloc's count
+        assert abs(lk["bytes_per_step"] - truth["bytes_per_step"]) <= 0.20 * truth["bytes_per_step"], truth
     else:
         assert lk["tensors_per_step"] == 1.0
     if case["per_step"] is not None:
@@ -175,11 +188,12 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
     assert report["unexplained_growth"] is None  # the tensors explain the growth
 
 
-def test_leak_reported_within_12_steps(example_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
-    """Holder, site and bytes per step, from what the run recorded by step 11."""
+def test_leak_reported_by_step_7(example_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
+    """Holder, site and bytes per step, from what the run recorded by step 11; every example is
+    reported with its holder and site by step 7 (measured: 7 for each)."""
     case, db, report = example_run
     first = first_reported(db, case["held_by"])
-    assert first is not None and first <= 11, first
+    assert first is not None and first <= 7, first
     (lk,) = leaks_up_to(db, 11)
     assert lk.held_by == case["held_by"] and lk.site == case["site"]
     assert lk.bytes_per_step == report["leaks"][0]["bytes_per_step"] or case["per_step"] is None

@@ -6,7 +6,7 @@ forward, a custom autograd function's backward, the optimizer's ``step()``. The 
 it has live itself, by another route than memscope's (a saved-tensors pack hook logging every
 tensor autograd stores, weak references to what the script holds, the model and the optimizer),
 and writes that count in its ``except`` handler; memscope's breakdown at the failure must agree
-within 10%.
+to the byte in every category, bar one scalar (``SLACK``) in ``other`` that the script cannot see.
 
 Also here: caught OOMs at every place (step 0 included) with and without
 ``--catch-forward-oom``, and the hooks' effect on the user's model (torch.save, torch.jit.script).
@@ -151,7 +151,10 @@ for step in range(FAIL_STEP + 2):
 print("done")
 '''
 
-TOLERANCE = 0.10
+# Measured: every category agrees to the byte in forward and the optimizer step; in backward the
+# census counts 4 bytes more in ``other`` (a float32 scalar live in autograd's engine, the seed
+# gradient of the loss, which no frame of the script holds). 4 B of ~18 MiB: 0.00002%.
+SLACK = 8  # bytes: one scalar of up to 8 bytes, in ``other`` only
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 
 
@@ -180,12 +183,11 @@ def run_census(tmp_path: Path, mode: str, step: int,
 def assert_close(d: dict[str, Any], independent: dict[str, int]) -> None:
     bd = d["breakdown"]
     assert d["breakdown_at_failure"] is True and d["census"]["truncated"] is False
-    total = sum(independent.values())
-    assert abs(sum(bd.values()) - total) <= TOLERANCE * total, (bd, independent)
-    for k in CATEGORIES:  # each category within 10% of the live total
-        assert abs(bd[k] - independent[k]) <= TOLERANCE * total, (k, bd, independent)
-    if independent["activations"]:
-        assert abs(bd["activations"] - independent["activations"]) <= TOLERANCE * independent["activations"]
+    for k in CATEGORIES:
+        if k == "other":
+            assert 0 <= bd[k] - independent[k] <= SLACK, (k, bd, independent)
+        else:
+            assert bd[k] == independent[k], (k, bd, independent)
 
 
 @pytest.mark.parametrize("mode, phase, module, where", [
@@ -214,6 +216,8 @@ def test_breakdown_at_failure_matches_an_independent_count(tmp_path: Path, mode:
     assert report["oom"]["breakdown"] == bd and report["oom"]["breakdown_step"] == 2
     # the failing step's peak is in-step (issue #14 item 3), with the breakdown at the failure
     assert report["peak"]["step"] == 2
+    if mode != "forward":
+        return  # the text, oom and HTML renderings do not depend on the phase: checked once
     text = memscope("report", str(db)).stdout
     assert "(the step that ran out of memory)" in text and "outside the steps" not in text
     assert "at the OOM in step 2" in text

@@ -67,13 +67,12 @@ def test_writer_batches_in_order_and_flushes_on_close(tmp_path: Path) -> None:
 def test_writer_drops_and_counts_instead_of_blocking(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     proc = new_run(db)
-    writer = RunWriter(str(db), max_queue=100)  # not started: nothing drains the queue
-    t0 = time.perf_counter()
+    # not started: nothing drains the queue, so an insert that waited for room would wait
+    # forever (pytest-timeout ends it); no wall-clock limit needed to see that it never waits
+    writer = RunWriter(str(db), max_queue=100)
     accepted = sum(writer.insert("samples", {"proc": proc, "t": 0.0, "step": 0, "rss": 1})
                    for _ in range(1000))
-    elapsed = time.perf_counter() - t0
     assert accepted == 100 and writer.dropped == 900
-    assert elapsed < 1.0  # a full queue answers at once; it never waits for the disk
     writer.start()
     writer.close()
     with RunReader(db) as reader:

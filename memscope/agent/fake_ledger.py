@@ -25,6 +25,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memscope.agent.storages import storages
+
 aten = torch.ops.aten
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
@@ -64,23 +66,30 @@ class Ledger:
         self._aliases: dict[int, int] = {}  # serial -> saved aliases alive (autograd holds them)
         self._alias_refs: set[weakref.ReferenceType[Any]] = set()
         self.flops = 0
+        self.unsized_sparse: set[int] = set()  # sparse tensors of unknown size: not counted
 
     # -- storages --------------------------------------------------------------------------------
 
     def add(self, t: Any) -> int | None:
-        """Count ``t``'s storage if it is new; its serial (None: not a countable tensor)."""
+        """Count ``t``'s storages if they are new (a sparse tensor's indices and values: two);
+        the serial of the last (None: not a countable tensor)."""
         try:
-            if t.is_sparse or t.device.type == "meta":
-                return None
-            st = t.untyped_storage()
+            parts = storages(t)
         except Exception:
             return None  # a subclass without storage
+        serial = None
+        for st, n in parts:
+            serial = self._add_storage(st, n)
+        if parts and t.layout is not torch.strided and not any(n for _, n in parts):
+            self.unsized_sparse.add(id(parts[-1][0]))  # a fake sparse tensor's nnz is unknown
+        return serial
+
+    def _add_storage(self, st: Any, n: int) -> int:
         key = id(st)
         with self._lock:
             entry = self.live.get(key)
             if entry is not None:
                 return entry[0]
-            n = int(st.nbytes())
             self.serial += 1
             serial = self.serial
             self.live[key] = (serial, n)
@@ -106,9 +115,10 @@ class Ledger:
 
     def serial_of(self, t: Any) -> int | None:
         try:
-            entry = self.live.get(id(t.untyped_storage()))
+            parts = storages(t)
         except Exception:
             return None
+        entry = self.live.get(id(parts[-1][0])) if parts else None
         return entry[0] if entry else None
 
     def _released(self, key: int) -> Callable[[Any], None]:
@@ -130,11 +140,17 @@ class Ledger:
     def claim(self, t: Any, category: str) -> int:
         """Mark ``t``'s storage as ``category`` (parameters first, then optimizer state,
         gradients, activations: a storage keeps the strongest claim); its bytes if counted."""
+        if t.layout is not torch.strided and self.add(t) is not None:  # sparse: each part
+            entries = [self.live.get(id(st)) for st, _ in storages(t)]
+            return sum(self._claim(e[0], category) for e in entries if e is not None)
         serial = self.serial_of(t)
         if serial is None:
             serial = self.add(t)
             if serial is None:
                 return 0
+        return self._claim(serial, category)
+
+    def _claim(self, serial: int, category: str) -> int:
         with self._lock:
             old = self.category.get(serial)
             if old is None or _RANK[category] < _RANK[old]:

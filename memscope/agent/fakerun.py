@@ -430,6 +430,7 @@ class FakeRun:
             "optimizer_state": self.totals["optimizer_state"],
             "activations": max((s["activations"] for s in self.steps), default=self.ledger.saved_peak),
             "peak_bytes": self.ledger.peak, "peak_rounded_bytes": self.ledger.peak_rounded,
+            "uncounted_sparse": len(self.ledger.unsized_sparse),
             "peak_breakdown": self.ledger.peak_breakdown(),
             "flops": last.get("flops"),
             "modules": modules,

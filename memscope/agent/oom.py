@@ -173,6 +173,7 @@ class OomRecorder:
         self._seen: deque[tuple[int, str]] = deque(maxlen=64)
         self.pending_failed: dict[str, Any] | None = None  # the last OOM's step, not yet closed
         self.count = 0
+        self.failed = 0  # OOMs whose record failed (each said in a recording_degraded event)
         self.censuses = 0
         self._prev_excepthook: Any = None
         self._prev_thread_hook: Any = None
@@ -321,8 +322,18 @@ class OomRecorder:
             if agent is None or not agent.running or self.seen(exc):
                 return
             self._record(agent, exc, tb if tb is not None else exc.__traceback__, where, phase)
-        except Exception:
-            pass
+        except Exception as failure:
+            self.failed += 1  # not silent: the run file says an OOM went unrecorded, and why
+            try:
+                agent = self._agent()
+                if agent is not None:
+                    what = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    why = f"{type(failure).__name__}: {str(failure)[:200]}"
+                    agent.event("recording_degraded",
+                                f"recording degraded: an out-of-memory error ({what}) could not be recorded ({why})",
+                                {"source": "oom", "exception": what, "error": why, "failed": self.failed})
+            except Exception:
+                pass
 
     def _record(self, agent: "CollectorHost", exc: BaseException, tb: Any, where: str, phase: str | None) -> None:
         step, step_start, tracker_phase = agent.current_step, agent.step_start, agent.phase

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.nn.modules import module as _nn_module
 
+from memscope.agent.storages import storages
 from memscope.agent.unseen import unseen
 
 if TYPE_CHECKING:
@@ -70,9 +71,12 @@ class Controller:
         if self.peak is not None and not self.peak_failed:
             try:
                 if self.peak.step == step:
+                    uncounted = self.peak.uncounted
                     peak, start = self.peak.end()
-                    agent.event("tensor_peak", f"step {step}: live tensor bytes peaked at {peak}",
-                                {"step": step, "peak_bytes": peak, "start_bytes": start})
+                    missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
+                    agent.event("tensor_peak", f"step {step}: live tensor bytes peaked at {peak}{missed}",
+                                {"step": step, "peak_bytes": peak, "start_bytes": start,
+                                 "uncounted_tensors": uncounted})
                 if not (agent.options.max_steps and step + 1 >= agent.options.max_steps):
                     self.peak.begin(step + 1)
             except Exception as exc:
@@ -97,7 +101,8 @@ class TensorPeak:
     lives, so the weakref dies with the memory). It costs a Python call per op and a gc walk per
     step: what-if trials only (``tensor_peak`` option). Not seen: memory that is not a tensor
     storage, and tensors reachable only from C++ at the step's start (a graph kept from an
-    earlier step)."""
+    earlier step). A sparse tensor counts its indices' and values' storages; a meta tensor holds
+    nothing; a tensor whose storage cannot be read is counted in ``uncounted`` (the event says so)."""
 
     def __init__(self) -> None:
         self.step: int | None = None
@@ -106,6 +111,7 @@ class TensorPeak:
         self.peak = 0
         self.start = 0
         self.active = False
+        self.uncounted = 0  # tensors seen whose memory could not be read (no storage)
         self._refs: set[weakref.ReferenceType[Any]] = set()
         self._lock = threading.RLock()  # a callback can fire inside add() on the same thread
         self._mode: Any = None
@@ -128,7 +134,7 @@ class TensorPeak:
         with self._lock:
             self.step = step
             self.live, self._refs = {}, set()
-            self.total = self.peak = 0
+            self.total = self.peak = self.uncounted = 0
         for obj in gc.get_objects():
             if isinstance(obj, torch.Tensor):
                 self.add(obj)
@@ -164,23 +170,22 @@ class TensorPeak:
     @unseen  # storage and device reads of the program's tensors: not seen by its subclasses
     def add(self, t: Any) -> None:
         try:
-            if t.is_sparse or t.device.type == "meta":
-                return
-            st = t.untyped_storage()
+            parts = storages(t)  # sparse: its indices' and values' storages; meta: none (no memory)
+        except Exception:
+            self.uncounted += 1  # a tensor subclass without storage, say: said in the event
+            return
+        for st, nbytes in parts:
             key = id(st)
             if key in self.live:
-                return
-            nbytes = int(st.nbytes())
+                continue
             with self._lock:
                 if key in self.live:
-                    return
+                    continue
                 self.live[key] = nbytes
                 self.total += nbytes
                 if self.total > self.peak:
                     self.peak = self.total
                 self._refs.add(weakref.ref(st, self._released(key)))
-        except Exception:
-            pass  # a tensor subclass without storage, say: not counted
 
     def _released(self, key: int) -> Callable[[Any], None]:
         def callback(ref: Any) -> None:

@@ -34,6 +34,7 @@ class Session:
         self.owns_agent = False  # this session started the agent, so it stops it
         self.active = False
         self._last_step: int | None = None
+        self.missed = 0  # step marks that failed (counted, and said in an event)
 
     def begin(self, global_step: int) -> None:
         """At the start of training. Raises if the run file cannot be created (like
@@ -62,13 +63,31 @@ class Session:
 
                 api.step()
             self._last_step = global_step
+        except Exception as exc:  # the recorder never breaks the training; it says what it missed
+            self.missed += 1
+            if self.missed == 1:
+                self._degraded(f"the {self.framework} callback could not mark a step "
+                               f"({type(exc).__name__}: {exc}); its steps may be merged",
+                               {"global_step": self._last_step, "error": f"{type(exc).__name__}: {exc}"})
+
+    def _degraded(self, message: str, data: dict[str, Any]) -> None:
+        """A ``recording_degraded`` event (``memscope report`` lists these); best effort."""
+        try:
+            from memscope.agent import api
+
+            agent = api.current()
+            if agent is not None:
+                agent.event("recording_degraded", f"recording degraded: {message}",
+                            {"source": f"{self.framework} callback", "missed_steps": self.missed, **data})
         except Exception:
-            pass  # the recorder never breaks the training
+            pass
 
     def end(self) -> None:
         if not self.active:
             return
         self.active = False
+        if self.missed > 1:
+            self._degraded(f"the {self.framework} callback could not mark {self.missed} steps", {})
         if self.owns_agent:
             self.owns_agent = False
             try:

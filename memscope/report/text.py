@@ -6,6 +6,7 @@ import shlex
 
 from memscope.analysis.hotspots import Hotspot, micro_batch_note
 from memscope.analysis.leaks import describe
+from memscope.constants import NODE_BYTES
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
@@ -83,8 +84,10 @@ def render_leaks(s: RunSummary) -> list[str]:
     growth no tensor group explains; DataLoader workers copying their dataset."""
     out = []
     for lk in s.leaks[:3]:
-        per_step = ("~" if lk.kind == "graph" else "+") + human_bytes(lk.bytes_per_step)
-        out.append(f"leak      {shown_text(describe(lk))}: {per_step}/step, held by "
+        per_step = ("~" if lk.kind == "graph" else "+") + human_bytes(lk.bytes_per_step) + "/step"
+        if lk.kind == "graph":  # nodes counted, bytes a node not: say it is an estimate
+            per_step += f" (estimated at {NODE_BYTES} bytes a node)"
+        out.append(f"leak      {shown_text(describe(lk))}: {per_step}, held by "
                    f"{shown(lk.held_by or 'unknown')} (memscope leaks RUN.db)")
     if len(s.leaks) > 3:
         out.append(f"          {len(s.leaks) - 3} more (memscope leaks RUN.db)")

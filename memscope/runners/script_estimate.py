@@ -158,6 +158,9 @@ def estimate_from_fake(result: FakeResult, script: str) -> ScriptEstimate:
     if any(p.get("kind") in ("int", "size") for p in result["placeholders"] or []):
         notes.append("an integer or a size the script read from tensor values was replaced by a "
                      "placeholder: sizes that depend on it may be wrong")
+    if result["uncounted_sparse"]:
+        notes.append(f"{result['uncounted_sparse']} sparse tensor(s) not counted (a sparse embedding's "
+                     "gradient, say): a fake run cannot know how many values they hold; --measure can")
     return ScriptEstimate("fake", script, None, int(top.get("step", 0)), **parts,
                           allocator_peak=rounded, tensor_peak=result.peak,
                           sum_of_parts=sum(parts.values()), cuda_context=CUDA_CONTEXT_ALLOWANCE,

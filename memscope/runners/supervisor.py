@@ -141,10 +141,13 @@ def _dynamic_path(spec: Any) -> bool:
         return True
 
 
+WAIT_S = 0.5  # the wait loop's longest sleep (the worker sampler may ask for less)
+
+
 def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
     # DataLoader workers' memory, sampled from outside while we wait (memscope.runners.workers)
     sampler = WorkerSampler(env[ENV_DB]) if env.get(ENV_DB) else None
-    tick: Callable[[int], None] = sampler.tick if sampler is not None else _no_tick
+    tick: Callable[[int], float] = sampler.tick if sampler is not None else _no_tick
     try:
         if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
             return _run_linux(command, env, tick)
@@ -154,11 +157,11 @@ def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
             sampler.close()
 
 
-def _no_tick(pid: int) -> None:
-    pass
+def _no_tick(pid: int) -> float:
+    return WAIT_S
 
 
-def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int], None]) -> ChildExit:
+def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int], float]) -> ChildExit:
     """Block the signals we care about and collect them with sigtimedwait: we learn who sent
     each one, so a ^C the terminal already delivered to the child is not delivered twice."""
     watched = set(_FORWARDED) | {signal.SIGCHLD}
@@ -173,12 +176,13 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int]
         except subprocess.SubprocessError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from None
         pid = child.pid
+        wait = WAIT_S
         while True:
-            info = signal.sigtimedwait(watched, 0.5)
+            info = signal.sigtimedwait(watched, wait)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            tick(pid)
+            wait = min(WAIT_S, max(0.01, tick(pid)))
             if info is not None and info.si_signo != signal.SIGCHLD:
                 interrupted = interrupted or info.si_signo == signal.SIGINT
                 if info.si_code != _SI_KERNEL:
@@ -225,7 +229,7 @@ def _child_setup(mask: set[int | signal.Signals], parent: int) -> Any:
     return setup
 
 
-def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[int], None]) -> ChildExit:
+def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[int], float]) -> ChildExit:
     try:
         child = subprocess.Popen(list(command), env=env)
     except OSError as exc:
@@ -238,12 +242,13 @@ def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[i
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, forward)}
     try:
+        wait = WAIT_S
         while True:
             try:
-                code = child.wait(timeout=0.5)
+                code = child.wait(timeout=wait)
                 break
             except subprocess.TimeoutExpired:
-                tick(child.pid)
+                wait = min(WAIT_S, max(0.01, tick(child.pid)))
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -10,8 +10,15 @@ parent; ``memscope.analysis.workers`` tells copy-on-read growth from them.
 
 The run file is touched only when there are workers to record (most runs never open it here), and
 then with a plain connection and the busy timeout: never a schema change or a journal-mode switch
-that could race the agent opening the file. Best effort: a process that vanished, a busy file, a
-platform without USS are skipped silently; the training's supervision never depends on this.
+that could race the agent opening the file. Best effort: a process that vanished or a platform
+without USS is skipped; a sample that could not be written (a busy file, say) is counted, and at
+the end a ``recording_degraded`` event says how many were lost and why. The training's
+supervision never depends on this.
+
+A worker copies most of a Python-object dataset in its first epoch, which can last a second or
+two: sampled only every ``INTERVAL_S``, a short-lived worker's growth shows as one or two jumps
+(not gradual: not reported) or is over before its first sample, worse on a loaded machine. So a
+worker is sampled every ``YOUNG_INTERVAL_S`` for its first ``YOUNG_S`` seconds after it was found.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import time
 from typing import Any
 
 INTERVAL_S = 0.5
+YOUNG_INTERVAL_S = 0.1  # while a worker found less than YOUNG_S ago is alive
+YOUNG_S = 3.0
 MAX_WORKERS = 64  # per sample: a process that forks hundreds of children is not a DataLoader
 BUSY_TIMEOUT_S = 5.0
 
@@ -33,28 +42,53 @@ class WorkerSampler:
         self._next = 0.0
         self._conn: sqlite3.Connection | None = None
         self._proc_ids: dict[int, int] = {}  # pid of a recorded process -> its processes.id
+        self._found_at: dict[int, float] = {}  # worker pid -> when it was first sampled
+        self._young_until = 0.0
         self.samples = 0
         self._file = _identity(db)  # the run file as created: never write into a replacement
+        self.lost: dict[str, int] = {}  # why -> samples not written
 
-    def tick(self, root_pid: int) -> None:
+    def tick(self, root_pid: int) -> float:
         """Called from the wait loop with the training command's pid; samples when one is due.
-        Never raises."""
+        Returns the seconds until the next is due (the loop's longest wait). Never raises."""
         now = time.monotonic()
-        if now < self._next:
-            return
-        self._next = now + self.interval_s
-        try:
-            self._sample(root_pid)
-        except Exception:
-            pass  # a busy file now is fine later; nothing here may disturb the supervision
+        if now >= self._next:
+            young = now < self._young_until
+            self._next = now + (YOUNG_INTERVAL_S if young else self.interval_s)
+            try:
+                self._sample(root_pid)
+            except Exception as exc:  # a busy file now is fine later; never disturb the supervision
+                why = f"{type(exc).__name__}: {exc}"[:200]
+                self.lost[why] = self.lost.get(why, 0) + 1
+            if time.monotonic() < self._young_until and not young:
+                self._next = min(self._next, now + YOUNG_INTERVAL_S)
+        return max(0.0, self._next - time.monotonic())
 
     def close(self) -> None:
+        if self.lost:
+            self._report_lost()
         if self._conn is not None:
             try:
                 self._conn.close()
             except sqlite3.Error:
                 pass
             self._conn = None
+
+    def _report_lost(self) -> None:
+        """A ``recording_degraded`` event: how many worker samples were lost, and why."""
+        import json
+
+        n = sum(self.lost.values())
+        why = max(self.lost, key=lambda k: self.lost[k])
+        message = f"recording degraded: {n} DataLoader-worker sample(s) not written ({why})"
+        try:
+            conn = self._conn or sqlite3.connect(self.db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._conn = conn
+            conn.execute("INSERT INTO events (proc, t, step, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+                         (None, time.time(), None, "recording_degraded", message,
+                          json.dumps({"source": "worker_samples", "lost": n, "reasons": self.lost})))
+        except sqlite3.Error:
+            pass  # the file itself is unwritable: the agent's own events say so
 
     def _sample(self, root_pid: int) -> None:
         import psutil
@@ -87,6 +121,11 @@ class WorkerSampler:
             except (psutil.Error, OSError):
                 continue
         if found:
+            now = time.monotonic()
+            for _, pid, _ in found:
+                if pid not in self._found_at:
+                    self._found_at[pid] = now
+                    self._young_until = max(self._young_until, now + YOUNG_S)
             self._write(found)
 
     def _write(self, found: list[tuple[int, int, Any]]) -> None:

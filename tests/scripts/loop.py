@@ -3,6 +3,7 @@
 --mode optimizer|backward|manual|gan|accum ; --steps N ; --eval-every K (no_grad eval)
 --exit CODE (exit with it at the end) ; --sleep S (per step) ; --kill-self-at N (SIGKILL self)
 --dump FILE (write argv, sys.path[0], __name__, cwd as JSON) ; --workers N [--spawn] (DataLoader)
+--hold-at N --hold-file FILE (before step N, wait until FILE exists: a test decides when it goes on)
 """
 
 import argparse
@@ -29,6 +30,8 @@ def main():
     p.add_argument("--dump")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--spawn", action="store_true")
+    p.add_argument("--hold-at", type=int, default=-1)
+    p.add_argument("--hold-file")
     p.add_argument("rest", nargs="*", help="ignored; lets tests pass odd arguments through")
     args = p.parse_args()
 
@@ -68,6 +71,10 @@ def main():
         opt = torch.optim.SGD(model.parameters(), lr=0.01) if args.mode in ("optimizer", "accum", "manual") else None
 
     for step in range(args.steps):
+        if step == args.hold_at and args.hold_file:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(args.hold_file) and time.monotonic() < deadline:
+                time.sleep(0.05)
         if step == args.kill_self_at:
             time.sleep(0.6)  # let the writer flush what the finished steps produced
             os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,84 @@
+"""The supervisor's DataLoader-worker sampler (memscope.runners.workers) on real processes: a
+forked child (the same command line as its parent, as a DataLoader worker with ``fork``) is
+sampled at the young cadence right after it is found, and a sample that cannot be written is
+counted and said in a ``recording_degraded`` event, never lost silently."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from memscope.runners import workers
+from memscope.runners.workers import WorkerSampler
+from memscope.store.schema import migrate
+
+FORKS = '''
+import os, sys, time
+if os.fork() == 0:
+    time.sleep(60); os._exit(0)
+print("forked", flush=True)
+time.sleep(60)
+'''
+
+
+@pytest.fixture
+def parent(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "forked"
+    yield proc
+    import os
+    import signal
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_file(path: Path, pid: int) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn)
+    conn.execute("INSERT INTO processes (pid, argv, started, status) VALUES (?, '[]', ?, 'running')",
+                 (pid, time.time()))
+    conn.close()
+
+
+def test_a_new_worker_is_sampled_at_the_young_cadence(tmp_path: Path, parent: subprocess.Popen[str]) -> None:
+    db = tmp_path / "run.db"
+    run_file(db, parent.pid)
+    sampler = WorkerSampler(str(db))
+    wait = sampler.tick(parent.pid)
+    assert sampler.samples == 1 and not sampler.lost
+    assert wait <= workers.YOUNG_INTERVAL_S  # found just now: sampled again soon
+    sampler._young_until = 0.0  # as if YOUNG_S had passed
+    sampler._next = 0.0
+    assert workers.YOUNG_INTERVAL_S < sampler.tick(parent.pid) <= workers.INTERVAL_S
+    sampler.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM worker_samples").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+
+
+def test_samples_that_cannot_be_written_are_counted_and_said(tmp_path: Path, parent: subprocess.Popen[str]) -> None:
+    db = tmp_path / "run.db"
+    run_file(db, parent.pid)
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE worker_samples")  # every write now fails
+    sampler = WorkerSampler(str(db))
+    for _ in range(3):
+        sampler._next = 0.0
+        sampler.tick(parent.pid)
+    assert sampler.samples == 0 and sum(sampler.lost.values()) == 3
+    sampler.close()
+    with sqlite3.connect(db) as conn:
+        (kind, message, data), = conn.execute("SELECT kind, message, data FROM events").fetchall()
+    assert kind == "recording_degraded"
+    assert message.startswith("recording degraded: 3 DataLoader-worker sample(s) not written (OperationalError")
+    assert json.loads(data)["lost"] == 3
