@@ -12,6 +12,7 @@ event; the training goes on.
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING, Any
 
 from memscope.agent.inventory import LiveTensors, Schedule, Suspects, take_inventory
@@ -33,6 +34,7 @@ class LeakCollector:
         # boundaries until an arming is surely over: its line tracer read frames' f_locals, and
         # the snapshots it left keep a stale tensor alive (emptied then)
         self._sites_cleanup = 0
+        self._gc_said = False
 
     @property
     def enabled(self) -> bool:
@@ -81,6 +83,7 @@ class LeakCollector:
         self.schedule.observe(step_s, level)
         if not self.schedule.due(step):
             return
+        self._gc_state()
         try:
             inv = take_inventory(self.live, agent.optimizers(), self.suspects.to_search)
             self.suspects.update(step, inv)
@@ -105,6 +108,22 @@ class LeakCollector:
                 "graph_nodes": g.graph_nodes})
         for sig, held_by in inv.holders.items():
             self._holder_row(step, sig, held_by=held_by)
+
+    def _gc_state(self) -> None:
+        """Once: a script that disabled or froze the garbage collector makes every inventory
+        walk more objects (the registry is fed by collections), so the time budget spaces them
+        further apart; the report says why."""
+        if self._gc_said:
+            return
+        why = None
+        if not gc.isenabled():
+            why = ("the script disabled the garbage collector (gc.disable()): the registry of live "
+                   "tensors is fed by collections, so each inventory looks at every object made since")
+        elif gc.get_freeze_count():
+            why = "the script froze the garbage collector (gc.freeze()): each inventory walks every object"
+        if why:
+            self._gc_said = True
+            self._agent.event("gc_state", why)
 
     def _inventory_failed(self, exc: BaseException) -> None:
         self.schedule.every = 0

@@ -103,13 +103,32 @@ class LeakCheck:
     off: bool = False  # inventories were turned off (--inventory-every 0)
     steps: int | None = None  # completed steps from the warm-up on (None: not known)
     recorded: bool = True  # False: no step of the run was recorded at all
+    last_inventory: int | None = None  # the step of the last inventory
+    last_step: int | None = None  # the last completed step
+    why_sparse: str | None = None  # what the agent said made inventories costly (gc state)
 
     @property
     def verdict(self) -> str:
         return "ok" if self.inventories >= self.needed else "insufficient"
 
     def as_json(self) -> dict[str, Any]:
-        return {"inventories": self.inventories, "needed": self.needed, "verdict": self.verdict}
+        return {"inventories": self.inventories, "needed": self.needed, "verdict": self.verdict,
+                # additive to memscope.report/1: how far the inventories reached
+                "last_inventory_step": self.last_inventory, "last_step": self.last_step}
+
+    def coverage(self) -> str | None:
+        """A line when the inventories stopped well before the run's end (the time budget
+        stretched them past it): a verdict about the end of the run then rests on older evidence.
+        The default schedule keeps the last inventory within about 1/16 of the run of its end."""
+        if self.off or self.last_inventory is None or self.last_step is None:
+            return None
+        behind = self.last_step - self.last_inventory
+        if behind <= max(16, self.last_step // 8):
+            return None
+        why = f" ({self.why_sparse})" if self.why_sparse else ""
+        return (f"the last tensor inventory was at step {self.last_inventory} of {self.last_step}: "
+                f"inventories took more than the 1% time budget allows on steps this short{why}; "
+                "attach with --inventory-every N to take one every N steps whatever they cost")
 
     def advice(self) -> str:
         """What the user can do about an insufficient check (one line)."""
@@ -316,8 +335,14 @@ def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
     done = reader.scalar("SELECT count(*) FROM steps WHERE proc = ? AND status = 'ok' AND step >= ?",
                          (proc, WARMUP_STEPS)) if proc is not None else None
     any_step = proc is not None and reader.scalar("SELECT count(*) FROM steps WHERE proc = ?", (proc,))
+    last_step = reader.scalar("SELECT max(step) FROM steps WHERE proc = ? AND status = 'ok'",
+                              (proc,)) if proc is not None else None
+    why = [e["message"] for e in reader.events("gc_state")] if steps else []
     return LeakCheck(sum(1 for s in steps if s >= WARMUP_STEPS), MIN_INVENTORIES, off,
-                     int(done) if done is not None else None, recorded=bool(any_step))
+                     int(done) if done is not None else None, recorded=bool(any_step),
+                     last_inventory=steps[-1] if steps else None,
+                     last_step=int(last_step) if last_step is not None else None,
+                     why_sparse=str(why[0]) if why else None)
 
 
 @dataclass

@@ -111,6 +111,9 @@ def verdict_lines(s: RunSummary) -> list[str]:
     out = [line for lk in s.leaks for line in leak_lines(lk)]
     if not s.leaks:
         out.append(none_line(s.leak_check))
+    note = s.leak_check.coverage()
+    if note:
+        out.append(f"note: {shown_text(note)}")
     if s.unexplained is not None:
         out.extend(unexplained_lines(s.unexplained))
     if s.workers is not None:

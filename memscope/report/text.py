@@ -97,6 +97,9 @@ def render_leaks(s: RunSummary) -> list[str]:
             out.append(f"leaks     none in {check.inventories} inventories")
         else:
             out.append(f"leaks     not enough inventories to tell: {check.advice()}")
+    note = s.leak_check.coverage()
+    if note:
+        out.append(f"          note: {shown_text(note)}")
     u = s.unexplained
     if u is not None:
         metric = u.label
