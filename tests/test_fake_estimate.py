@@ -58,7 +58,7 @@ def runner() -> Any:
 @pytest.mark.parametrize("model, optimizer, precision", accuracy.QUICK)
 def test_fake_peak_is_within_10_percent_of_the_real_live_tensor_peak(
         runner: FakeRunner, tmp_path: Path, model: str, optimizer: str, precision: str) -> None:
-    """Issue #17 item 2, one case per model (the README's table has all 16: benchmarks/
+    """Issue #17 item 2, one case per model (docs/plan.md's table has all 16: benchmarks/
     estimate_accuracy.py). The real run is measured by whatif's exact counter (every live
     tensor storage, steps 1 and 2); the fake run allocates nothing."""
     row = accuracy.measure(runner, model, optimizer, precision, str(tmp_path))
@@ -67,9 +67,9 @@ def test_fake_peak_is_within_10_percent_of_the_real_live_tensor_peak(
 
 
 def test_the_readme_table_is_the_benchmark_s_and_within_10_percent() -> None:
-    """The README's accuracy table has the rows benchmarks/estimate_accuracy.py prints (its
+    """The accuracy table of docs/plan.md has the rows benchmarks/estimate_accuracy.py prints (its
     header, one row per case, in order) and every error in it is within the tolerance."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "plan.md").read_text()
     header = accuracy.markdown([]).splitlines()
     start = readme.index(header[0])
     lines = readme[start:].splitlines()[:len(header) + len(accuracy.cases())]
