@@ -93,6 +93,10 @@ VOLATILE: list[tuple[str, re.Pattern[str]]] = [
      re.compile(r"^(\s+\d+\s+\d+\s+)\S+(\s+\d+\s+)[\d.]+ [KMGT]?i?B\s+\d+\s+\d+(?=\s+\w+)")),
     # whatif's last column: the host RSS peak's change, shown for reference
     ("RSS", re.compile(r"-?[\d.]+ [KMGT]?i?B \(-?\d+%\)$")),
+    # DataLoader workers' private memory (USS) and how fast it grew: timing and the kernel's
+    ("USS", re.compile(r"(?<=copied )[\d.]+ [KMGT]?i?B|\([\d.]+ [KMGT]?i?B → .* USS in .*/step\)")),
+    # growth outside tensors measured on host RSS
+    ("RSS", re.compile(r"(?<=^GROWTH host RSS )[-+][\d.]+ [KMGT]?i?B")),
     # a temporary directory's name
     ("TMP", re.compile(r"/tmp/[\w.-]+")),
 ]
@@ -178,8 +182,8 @@ def differences(want: list[str], got: list[str]) -> list[str]:
     for k in range(max(len(want), len(got))):
         w = mask(want[k]) if k < len(want) else "<missing>"
         g = mask(got[k]) if k < len(got) else "<missing>"
-        if w.endswith(" ...") and g.endswith(" ..."):  # both cut: the kept part must agree
-            w, g = w[:-4], g[:-4]
+        if w.endswith(" ...") or g.endswith(" ..."):  # cut (where depends on masked widths)
+            w, g = w.removesuffix(" ..."), g.removesuffix(" ...")
             n = min(len(w), len(g))
             w, g = w[:n], g[:n]
         if w != g:
