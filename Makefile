@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
 TSTAMP := $(VENV)/.memscope-test-installed
 
-.PHONY: install demo test test-deps lint bench gpu-check clean
+.PHONY: install demo test test-deps lint docs bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,12 @@ test-deps:
 	fi
 
 test: $(TSTAMP) test-deps lint
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(BIN)/python -m pytest -q
+
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 # ruff (pyflakes, pycodestyle, bugbear) everywhere; mypy, strict on store/analysis/report
 lint: $(STAMP)
@@ -65,4 +70,4 @@ bench: install
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) demo.db demo.db-wal demo.db-shm
+	rm -rf $(VENV) site demo.db demo.db-wal demo.db-shm

@@ -1,4 +1,4 @@
-"""How close the fake estimate is to the real peak: the README's accuracy table.
+"""How close the fake estimate is to the real peak: the accuracy table of docs/plan.md.
 
 For each model x optimizer x precision, the script runs twice:
 

@@ -70,7 +70,7 @@ def measured(runner: FakeRunner, tmp_path_factory: pytest.TempPathFactory) -> Ca
 @pytest.mark.parametrize("model, optimizer, precision", accuracy.QUICK)
 def test_fake_peak_is_the_real_live_tensor_peak_to_the_byte(
         measured: Callable[[tuple[str, str, str]], Any], model: str, optimizer: str, precision: str) -> None:
-    """Issue #17 item 2, one case per model (the README's table has all 16: benchmarks/
+    """Issue #17 item 2, one case per model (docs/plan.md's table has all 16: benchmarks/
     estimate_accuracy.py). The real run is measured by whatif's exact counter (every live
     tensor storage, steps 1 and 2); the fake run allocates nothing. Measured: equal to the byte,
     bar the ResNet under bf16 autocast (0.0026% below): ``accuracy.allowed``."""

@@ -1,131 +1,116 @@
-"""The README's output samples are what the program prints today.
+"""Every output sample in README.md and docs/*.md is what the program prints today.
 
-Each sample is compared with a fresh run of the same command, numbers and sizes masked (sizes,
-times, dates and where the host RSS peak fell differ between runs and machines; words, columns
-and verdicts must not). A README line that
-ends in ``...`` only has to start the output line; a line of just ``...`` stands for lines left
-out. When this fails, paste the output it shows into the README.
+The samples are rerun from real runs, each group of samples from one run (tests/doc_samples.py
+says how samples are marked and which numbers are masked: dates, durations, the sampler's sample
+count, host RSS figures, the machine's memory size and temporary paths — what differs between
+two runs of the same command). After a change of output, refresh them all with
+
+    .venv/bin/python tests/test_readme_samples.py --update [GROUP ...]
+
+and read the diff before committing it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, memscope
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-README = (ROOT / "README.md").read_text()
-_SIZE = re.compile(r"[-+]?\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)\b")  # its unit moves with its size
-_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
-# wording that follows where the host RSS peak fell (a step, which step), not the program
-_WHERE = re.compile(r"\(measured at [^)]*\)")
-# lines whose presence depends on the machine (host RSS outside the steps), not on the program
-_OPTIONAL = [re.compile(r"^SIZE at most over the whole run")]
+import doc_samples as ds  # noqa: E402
 
-
-_PATH = re.compile(r"(?<![\w.])/[^\s,;)]+")  # absolute paths: a temporary directory's name
-
-
-def _mask(line: str) -> str:
-    line = _WHERE.sub("(measured at …)", _SIZE.sub("SIZE", _PATH.sub("PATH", line)))
-    return " ".join(_NUMBER.sub("#", line).split())
-
-
-def sample_after(marker: str) -> list[str]:
-    """The lines of the first fenced output block at or after ``marker`` in the README."""
-    at = README.index(marker)
-    lines = README[at:].splitlines()
-    if lines[0].startswith("$ "):  # the command is the block's first line: its output follows
-        body = []
-        for line in lines[1:]:
-            if line.startswith("```"):
-                return body
-            body.append(line)
-    start = next(i for i, ln in enumerate(lines) if ln == "```" and i > 0 and lines[i - 1] == "")
-    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
-    return lines[start + 1:end]
-
-
-def check(sample: list[str], output: str) -> None:
-    """Every sample line, masked, matches an output line in order (the output may have more)."""
-    out = [_mask(ln) for ln in output.splitlines()]
-    i = 0
-    for line in sample:
-        want = _mask(line)
-        if want in ("...", ""):
-            continue
-        prefix = want.endswith("...")
-        want = want.removesuffix("...").rstrip()
-        j = i
-        while j < len(out) and not (out[j].startswith(want) if prefix else out[j] == want):
-            j += 1
-        if j == len(out):
-            if any(p.match(want) for p in _OPTIONAL):
-                continue
-            pytest.fail(f"README line not in the output (masked): {want!r}\n--- output:\n{output}")
-        i = j + 1
-
-
-def attached(db: Path, *command: str) -> Path:
-    out = memscope("attach", "--headless", "--db", str(db), *command)
-    assert out.returncode == 0, out.stderr
-    return db
-
-
-def output_of(*args: str) -> str:
-    out = memscope(*args)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+BLOCKS = ds.all_blocks()
+GROUP_NAMES = sorted({b.group for b in BLOCKS})
 
 
 @pytest.mark.slow
-def test_report_and_layers_samples(tmp_path: Path) -> None:
-    db = attached(tmp_path / "run.db", "examples/tiny_gpt.py", "--steps", "30")
-    check(sample_after("memscope report run.db --json   # the memscope.report/1 document"),
-          output_of("report", str(db)))
-    check(sample_after("memscope layers run.db --json\n"), output_of("layers", str(db)))
+@pytest.mark.timeout(600)  # a group is several real runs, on a loaded 2-core machine
+@pytest.mark.parametrize("group", GROUP_NAMES)
+def test_samples_are_what_the_program_prints(group: str) -> None:
+    members = [b for b in BLOCKS if b.group == group]
+    results = ds.run_group(group, members)
+    problems = []
+    for b, block in enumerate(members):
+        for c, (command, want) in enumerate(block.commands):
+            diff = ds.differences(want, results[(b, c)])
+            if diff:
+                got = "\n".join(results[(b, c)])
+                problems.append(f"{block.where()}: $ {command}\n" + "\n".join(diff[:5]) + f"\n--- output:\n{got}")
+    assert not problems, ("stale samples (refresh: python tests/test_readme_samples.py --update "
+                          f"{group}):\n\n" + "\n\n".join(problems))
 
 
-@pytest.mark.slow
-def test_leaks_sample(tmp_path: Path) -> None:
-    db = attached(tmp_path / "run.db", "examples/leaky.py", "--steps", "40")
-    check(sample_after("memscope leaks RUN.db --json\n"), output_of("leaks", str(db)))
+def test_every_sample_group_has_a_setup_and_every_setup_a_sample() -> None:
+    assert set(GROUP_NAMES) == set(ds.GROUPS), sorted(set(GROUP_NAMES) ^ set(ds.GROUPS))
 
 
-@pytest.mark.slow
-def test_whatif_sample(tmp_path: Path) -> None:
-    out = memscope("whatif", "--db-dir", str(tmp_path), "examples/tiny_gpt.py", timeout=600)
-    assert out.returncode == 0, out.stderr
-    check(sample_after("$ memscope whatif examples/tiny_gpt.py"), out.stdout)
+def test_the_docs_have_samples_of_every_main_command() -> None:
+    readme = [b for b in BLOCKS if b.path.name == "README.md"]
+    commands = {cmd.split()[1] for b in readme for cmd, _ in b.commands}
+    assert {"report", "leaks", "oom", "layers", "fit"} <= commands, commands
+    assert len(BLOCKS) >= 20, len(BLOCKS)
 
 
-def test_the_check_catches_a_stale_sample() -> None:
-    """The comparison is not vacuous: a changed word, a missing line or a changed verdict fails."""
-    output = "peak      338.07 MiB host RSS at step 27\nleaks     none in 12 inventories\n"
-    check(["peak      1.5 MiB host RSS at step 3", "leaks     none in 4 inventories"], output)
-    for stale in (["peak      338.07 MiB host RSS at step 27", "leaks     2 found"],
-                  ["peak      338.07 MiB device memory at step 27"],
-                  ["leaks     none in 12 inventories", "peak      338.07 MiB host RSS at step 27"]):
-        with pytest.raises(pytest.fail.Exception):
-            check(stale, output)
+def test_every_console_block_with_output_is_a_rerun_sample() -> None:
+    """A block that shows `$ memscope ...` followed by its output is marked, so it is rerun."""
+    for path in ds.DOCS:
+        lines = path.read_text().splitlines()
+        opening = [i for i, line in enumerate(lines) if line.startswith("```")][::2]
+        for i in opening:
+            body = lines[i + 1:i + 3]
+            if len(body) == 2 and body[0].startswith("$ memscope") and not body[1].startswith(("$", "```")):
+                assert ds.MARKER.match(lines[i - 1]), f"{path.name}:{i + 1}: an output sample that is not rerun"
 
 
-@pytest.mark.slow
-def test_checkpointing_layers_sample(tmp_path: Path) -> None:
-    db = attached(tmp_path / "ckpt.db", "tests/compat/cases/checkpointing.py", str(tmp_path / "out.pt"))
-    check(sample_after("$ memscope layers ckpt.db\n"), output_of("layers", str(db)))
+def test_the_oom_script_shown_is_the_one_run() -> None:
+    text = (ds.ROOT / "docs" / "oom.md").read_text()
+    source = (ds.ROOT / "examples" / "double_batch.py").read_text()
+    assert "```python\n" + source + "```" in text
 
 
-@pytest.mark.slow
-def test_accumulation_samples(tmp_path: Path) -> None:
-    from test_layers_accumulation import SCRIPT
+def test_masking_keeps_what_must_not_change() -> None:
+    """The comparison is not vacuous: a changed word, byte count, step, verdict or a missing line
+    fails; a changed duration, date or host RSS does not."""
+    doc = ["steps     30 completed (boundaries: optimizer), median 60 ms/step",
+           "peak      336.38 MiB host RSS at step 23",
+           "  blocks.0.attn   NaiveAttention   900.00 KiB  15.2%  128.00 KiB        0.99         0.74      1",
+           "leaks     none in 28 inventories"]
+    same = ["steps     30 completed (boundaries: optimizer), median 112 ms/step",
+            "peak      1.02 GiB host RSS at step 3",
+            "  blocks.0.attn   NaiveAttention   900.00 KiB  15.2%  128.00 KiB       10.25            -      1",
+            "leaks     none in 28 inventories"]
+    assert ds.differences(doc, same) == []
+    row = "  blocks.0.attn   NaiveAttention   {} KiB  15.2%  128.00 KiB        0.99         0.74      {}"
+    for k, stale in ((0, "steps     29 completed (boundaries: optimizer), median 60 ms/step"),
+                     (1, "peak      336.38 MiB device memory at step 23"),
+                     (2, row.format("901.00", 1)),
+                     (2, row.format("900.00", 2)),
+                     (3, "leaks     1 found")):
+        assert ds.differences(doc, doc[:k] + [stale] + doc[k + 1:]), stale
+    assert ds.differences(doc, doc[:-1])
+    # a line only some machines print is left out on both sides, and nothing else is
+    optional = "336.00 MiB at most over the whole run, outside the steps (start-up, evaluation, shutdown)"
+    assert ds.differences(doc, doc[:2] + [optional] + doc[2:]) == []
+    assert ds.differences(doc, doc[:2] + ["a line the docs do not have"] + doc[2:])
 
-    script = tmp_path / "accumulate.py"
-    script.write_text(SCRIPT)
-    db = attached(tmp_path / "acc.db", str(script), "16,64,32,8")
-    sample = sample_after("$ memscope layers acc.db\n")
-    cut = sample.index("$ memscope report acc.db")
-    check(sample[:cut], output_of("layers", str(db)))
-    check(sample[cut + 1:], output_of("report", str(db)))
+
+def test_options_shorten_the_output_as_documented() -> None:
+    out = "a 1\nb 2\nc 3\nd " + "word " * 30 + "\n"
+    assert ds.shown(out, {"grep": "^[ac]"}) == ["a 1", "...", "c 3", "..."]
+    assert ds.shown(out, {"head": "2"}) == ["a 1", "b 2", "..."]
+    cut = ds.shown(out, {"cut": "40"})[-1]
+    assert cut.endswith(" ...") and len(cut) <= 44
+
+
+def test_markers_parse() -> None:
+    assert all(re.fullmatch(r"[a-z_]+", b.group) for b in BLOCKS)
+    assert all(b.commands for b in BLOCKS)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--update"]:
+        sys.exit(__doc__)
+    ds.update(sys.argv[2:] or None)

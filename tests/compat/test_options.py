@@ -1,4 +1,4 @@
-"""Every option in the README's table of ``memscope attach`` options works everywhere the table
+"""Every option in the table of ``memscope attach`` options works everywhere the table
 says: on attach's command line, and under its Python keyword in ``memscope.start()``,
 ``memscope.profile()`` and both frameworks' ``MemscopeCallback``. The test reads the table, so
 an option added to it without a value here fails."""
@@ -36,8 +36,8 @@ SPECIAL = {"--db", "--force", "--headless"}  # the run file (db, force); attach'
 
 
 def readme_table() -> dict[str, str]:
-    """flag -> the "in Python" column of the README's attach option table."""
-    text = (ROOT / "README.md").read_text()
+    """flag -> the "in Python" column of the attach option table (docs/reference.md)."""
+    text = (ROOT / "docs" / "reference.md").read_text()
     start = text.index("| option | meaning | in Python |")
     rows = text[start:].split("\n\n")[0].splitlines()[2:]
     return {row.split("`")[1].split()[0]: row.rstrip(" |").rsplit("|", 1)[1].strip() for row in rows}

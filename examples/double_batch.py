@@ -1,0 +1,17 @@
+"""Doubles its batch every step until the allocator refuses: the OOM of docs/oom.md."""
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+batch = 256
+for step in range(30):
+    x = torch.randn(batch, 256)
+    y = torch.randint(0, 10, (batch,))
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print("step", step, "batch", batch, flush=True)
+    batch *= 2
