@@ -117,6 +117,8 @@ class ScriptEstimate:
     modules: list[dict[str, Any]] = field(default_factory=list)  # activations per module
     placeholders: list[dict[str, Any]] = field(default_factory=list)  # data-dependent scalars
     notes: list[str] = field(default_factory=list)
+    # files the script wrote, renamed or removed, diverted to a scratch directory (fake runs)
+    diverted: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"schema": "memscope.estimate/1", **asdict(self)}
@@ -163,7 +165,8 @@ def estimate_from_fake(result: FakeResult, script: str) -> ScriptEstimate:
                           sum_of_parts=sum(parts.values()), cuda_context=CUDA_CONTEXT_ALLOWANCE,
                           device_total=rounded + CUDA_CONTEXT_ALLOWANCE,
                           peak_breakdown=result["peak_breakdown"], modules=modules,
-                          placeholders=list(result["placeholders"] or []), notes=notes)
+                          placeholders=list(result["placeholders"] or []), notes=notes,
+                          diverted=list(result["diverted"] or []))
 
 
 def render(e: ScriptEstimate) -> str:
@@ -201,11 +204,33 @@ def render(e: ScriptEstimate) -> str:
     for p in e.placeholders[:3]:
         lines.append(f"  placeholder: {p['site']} x{p['count']} (a fake run has no values)")
     lines.extend(f"  note: {n}" for n in e.notes)
+    lines.extend(diverted_lines(e.diverted))
     lines.append("  not counted: allocator fragmentation, cuBLAS/cuDNN workspaces, CUDA-only code "
                  "paths (flash attention, fused optimizers)")
     if e.db:
         lines.append(f"  run file: {e.db}")
     return "\n".join(lines)
+
+
+def _shown(text: str, limit: int = 160) -> str:
+    """A path of the user's for the terminal: no control or bidi characters, bounded."""
+    out = "".join(c if c.isprintable() else "?" for c in text)
+    return out if len(out) <= limit else out[:limit // 2 - 1] + "…" + out[-(limit // 2):]
+
+
+def diverted_lines(diverted: list[dict[str, Any]], shown: int = 5) -> list[str]:
+    """What the fake run kept from the user's files: each path and what the script did to it."""
+    if not diverted:
+        return []
+    out = [f"  files: the script wrote to {len(diverted)} path{'s' if len(diverted) != 1 else ''}; "
+           "a fake run diverts every write to a scratch copy, yours are unchanged"]
+    for d in diverted[:shown]:
+        path = str(d.get("path", "?"))
+        rel = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+        out.append(f"    {_shown(rel)} ({', '.join(_shown(str(o)) for o in d.get('ops') or [])})")
+    if len(diverted) > shown:
+        out.append(f"    {len(diverted) - shown} more (--json lists them)")
+    return out
 
 
 _HINT_FLAGS = ("--json", "--measure", "--steps", "--cpu")
