@@ -10,9 +10,12 @@ the bytes each module saved, and the FLOPs of the step (for the recompute cost o
 checkpointing). :class:`Accounting` is the TorchDispatchMode that feeds it; it sits above the
 FakeTensorMode, so it sees the ops autograd and autocast issue, as the real counter does.
 
-Data-dependent scalars (``loss.item()``) get a placeholder: 0 (0.0, False); each use is
-counted with the script line that asked. ``nonzero`` and ``masked_select``, whose output size
-depends on the values, get their largest possible size (every element selected).
+Data-dependent scalars (``loss.item()``, ``float(loss)``, ``f"{loss:.4f}"``) get a placeholder:
+a float read by the script is 1.0 (a loss: ``math.log`` and ``1 / loss`` work with it), one
+read by torch itself 0.0 (GradScaler's found-inf flag: no overflow), an integer 0 (an index or
+a count), a truth value False; each use is counted with the script line that asked.
+``nonzero``, ``masked_select`` and ``unique``, whose output size depends on the values, get
+their largest possible size (every element selected).
 """
 
 from __future__ import annotations
@@ -234,6 +237,14 @@ class Accounting(TorchDispatchMode):
             x = args[0]
             out = torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
             self._note("nonzero (all elements taken as selected)", "size")
+        elif func is aten._unique2.default:
+            x = args[0]
+            inverse, counts = _flag(args, kwargs, 2, "return_inverse"), _flag(args, kwargs, 3, "return_counts")
+            n = x.numel()
+            out = (torch.empty((n,), dtype=x.dtype, device=x.device),
+                   torch.empty(tuple(x.shape) if inverse else (0,), dtype=torch.long, device=x.device),
+                   torch.empty((n,) if counts else (0,), dtype=torch.long, device=x.device))
+            self._note("unique (every element taken as distinct)", "size")
         elif func is aten.masked_select.default:
             x, mask = args[0], args[1]
             n = torch.broadcast_shapes(x.shape, mask.shape).numel()
@@ -252,6 +263,8 @@ class Accounting(TorchDispatchMode):
 
     def _placeholder(self, t: Any, func: Any) -> Any:
         value = placeholder_value(t.dtype, func is not aten._local_scalar_dense.default)
+        if isinstance(value, float) and _asked_by_torch():
+            value = 0.0
         self._note(f"{type(value).__name__} scalar read from a tensor (.item(), float(), if t:)",
                    type(value).__name__)
         return value
@@ -283,20 +296,50 @@ class Accounting(TorchDispatchMode):
                 return numpy(t, *args, **kwargs)
             import numpy as np
 
-            accounting._note("numpy() of a tensor: zeros", "array", max(1, t.numel()))
+            accounting._note("numpy() of a tensor: placeholders", "array", max(1, t.numel()))
             name = str(t.dtype).replace("torch.", "")
-            return np.zeros(tuple(t.shape), dtype=name if hasattr(np, name) else "float32")
+            return np.full(tuple(t.shape), placeholder_value(t.dtype),
+                           dtype=name if hasattr(np, name) else "float32")
 
+        def fake_format(t: Any, spec: str) -> str:
+            # Tensor.__format__ formats the value of a 0-dim tensor of type Tensor only
+            if t.dim() == 0:
+                return format(t.item(), spec)
+            return tensor_format(t, spec)
+
+        tensor_format = torch.Tensor.__format__
+        FakeTensor.__format__ = fake_format  # type: ignore[method-assign,assignment]
         FakeTensor.tolist = fake_tolist  # type: ignore[method-assign,assignment]
         torch.Tensor.numpy = fake_numpy  # type: ignore[method-assign,assignment]
 
 
+_DISPATCH = ("/torch/_ops.py", "/torch/_subclasses/", "/torch/utils/_python_dispatch.py",
+             "/torch/_tensor.py", "/torch/overrides.py", "/torch/_prims", "/torch/_decomp", "/torch/_refs",
+             "/torch/_dynamo/", "/torch/_compile.py")
+
+
+def _asked_by_torch() -> bool:
+    """Whether the code reading a value is torch's own (below memscope and the dispatch)."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if "/memscope/" not in name and not any(d in name for d in _DISPATCH):
+            return "/torch/" in name
+        f = f.f_back
+    return False
+
+
+def _flag(args: Any, kwargs: Any, index: int, name: str) -> bool:
+    return bool(kwargs[name] if name in kwargs else (args[index] if len(args) > index else False))
+
+
 def placeholder_value(dtype: Any, boolean: bool = False) -> Any:
-    """What a fake tensor's value reads as: 0, 0.0 or False."""
+    """What a fake tensor's value reads as: 1.0 (a float, positive and nonzero: a loss that is
+    logged, divided by, exponentiated), 0 (an integer) or False."""
     if boolean or dtype is torch.bool:
         return False
     if dtype.is_floating_point or dtype.is_complex:
-        return 0.0
+        return 1.0
     return 0
 
 

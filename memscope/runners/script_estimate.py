@@ -261,6 +261,10 @@ def run_fake(script: str, script_args: Sequence[str], steps: int = 2, pretend_cu
         error = result.error or "ended early"
         if result["status"] == "exit":
             error += ": " + _last_line(result.log)
+        if result["placeholders"] and "depends on tensor values" not in error:
+            n = sum(int(p.get("count") or 0) for p in result["placeholders"])
+            error += (f" (the script read {n} value{'s' if n != 1 else ''} from tensors, which a fake "
+                      "run does not have: it got 1.0, 0 or False instead)")
         raise CliError(f"estimate: {script} failed in the fake run: {error}"
                        f"{_hint(script_args, error)} (log: {result.log}; "
                        "memscope estimate --measure runs real steps on CPU instead)")
