@@ -233,6 +233,7 @@ class Accounting(TorchDispatchMode):
                 return func(*args, **kwargs)  # a constant the fake mode still knows (a step count)
             except Exception:
                 return self._placeholder(args[0], func)
+        out: Any
         if func is aten.nonzero.default:
             x = args[0]
             out = torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
@@ -308,7 +309,7 @@ class Accounting(TorchDispatchMode):
             return tensor_format(t, spec)
 
         tensor_format = torch.Tensor.__format__
-        FakeTensor.__format__ = fake_format  # type: ignore[method-assign,assignment]
+        FakeTensor.__format__ = fake_format  # type: ignore[method-assign]
         FakeTensor.tolist = fake_tolist  # type: ignore[method-assign,assignment]
         torch.Tensor.numpy = fake_numpy  # type: ignore[method-assign,assignment]
 
