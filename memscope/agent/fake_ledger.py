@@ -28,19 +28,16 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memscope.agent.fake_devices import Devices, rounded
+from memscope.agent.fake_values import Values
+
 aten = torch.ops.aten
-BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 _RANK = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "activations": 3}
 
 
 # ops that read a value out of a tensor: a fake tensor has none, so they get a placeholder
 _SCALAR_READS = (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
-
-
-def rounded(nbytes: int) -> int:
-    """The block size the CUDA caching allocator gives an allocation of ``nbytes``."""
-    return 0 if nbytes <= 0 else -(-nbytes // BLOCK) * BLOCK
 
 
 class Ledger:
@@ -67,11 +64,13 @@ class Ledger:
         self._aliases: dict[int, int] = {}  # serial -> saved aliases alive (autograd holds them)
         self._alias_refs: set[weakref.ReferenceType[Any]] = set()
         self.flops = 0
+        self.devices = Devices()
 
     # -- storages --------------------------------------------------------------------------------
 
-    def add(self, t: Any) -> int | None:
-        """Count ``t``'s storage if it is new; its serial (None: not a countable tensor)."""
+    def add(self, t: Any, device: str | None = None) -> int | None:
+        """Count ``t``'s storage if it is new; its serial (None: not a countable tensor).
+        ``device``: where it is when that is not ``t.device`` (a pretend GPU's tensors)."""
         try:
             if t.is_sparse or t.device.type == "meta":
                 return None
@@ -98,14 +97,35 @@ class Ledger:
             self.peak_rounded = max(self.peak_rounded, self.total_rounded)
             self.step_peak_rounded = max(self.step_peak_rounded, self.total_rounded)
             self._refs[key] = weakref.ref(st, self._released(key))
+            self.devices.add(serial, n, device or self.devices.target or t.device.type)
         return serial
 
-    def add_tree(self, obj: Any, depth: int = 0) -> None:
+    def add_tree(self, obj: Any, device: str | None = None, depth: int = 0) -> None:
         if isinstance(obj, torch.Tensor):
-            self.add(obj)
+            self.add(obj, device)
         elif depth < 3 and isinstance(obj, (tuple, list)):
             for o in obj:
-                self.add_tree(o, depth + 1)
+                self.add_tree(o, device, depth + 1)
+
+    def device_of(self, obj: Any, depth: int = 0) -> str | None:
+        """"cuda" when a tensor in ``obj`` (an op's arguments) is on the GPU, else None."""
+        if isinstance(obj, torch.Tensor):
+            serial = self.serial_of(obj)
+            return "cuda" if serial is not None and self.devices.of.get(serial) == "cuda" else None
+        if depth < 2 and isinstance(obj, (tuple, list)):
+            for o in obj:
+                if self.device_of(o, depth + 1):
+                    return "cuda"
+        return None
+
+    def move(self, t: Any, device: str) -> None:
+        """``t``'s storage is now on ``device`` (memscope.agent.fake_devices)."""
+        with self._lock:
+            serial = self.serial_of(t)
+            if serial is None:
+                serial = self.add(t, device)
+            if serial is not None:
+                self.devices.move(serial, self.nbytes[serial], device, self.live)
 
     def serial_of(self, t: Any) -> int | None:
         try:
@@ -120,7 +140,9 @@ class Ledger:
                 if self._refs.get(key) is not ref:
                     return
                 del self._refs[key]
-                serial, n = self.live.pop(key)
+                serial, n = self.live[key]
+                self.devices.release(serial, n, self.live)
+                del self.live[key]
                 if self._pending:  # the moment after the peak: remember what was live
                     self.peak_live = [s for s, _ in self.live.values()] + [serial]
                     self._pending = False
@@ -199,17 +221,28 @@ class Ledger:
         with self._lock:
             out = {"peak_bytes": self.step_peak, "peak_rounded_bytes": self.step_peak_rounded,
                    "activations": self.saved_peak, "flops": self.flops,
-                   "saved_by_module": dict(self.saved_by_module), "end_bytes": self.total}
+                   "saved_by_module": dict(self.saved_by_module), "end_bytes": self.total,
+                   "peak_by_device": self.devices.close_step()}
             self.step_peak, self.step_peak_rounded = self.total, self.total_rounded
             self.saved_peak = self.saved_live
             self.saved_by_module, self._saved_serials = {}, set()
             self.flops = 0
         return out
 
-    def peak_breakdown(self) -> dict[str, int]:
-        """Bytes by category of what was live at the peak (categories as finally claimed)."""
+    def peak_by_device(self) -> dict[str, dict[str, Any]]:
+        """Each device's own peak (exact and rounded to 512 B) and what was live on it then."""
+        return {d: {"peak_bytes": c.peak, "peak_rounded_bytes": c.peak_rounded,
+                    "breakdown": self.peak_breakdown(d)}
+                for d, c in sorted(self.devices.counters.items()) if c.peak}
+
+    def peak_breakdown(self, device: str | None = None) -> dict[str, int]:
+        """Bytes by category of what was live at the peak (categories as finally claimed);
+        with ``device``, of that device's tensors at that device's peak."""
         with self._lock:
-            live = self.peak_live if not self._pending else [s for s, _ in self.live.values()]
+            if device is not None:
+                live = self.devices.snapshot(device, self.live)
+            else:
+                live = self.peak_live if not self._pending else [s for s, _ in self.live.values()]
             out = dict.fromkeys(CATEGORIES, 0)
             for s in live:
                 out[self.category.get(s, "other")] += self.nbytes.get(s, 0)
@@ -225,6 +258,7 @@ class Accounting(TorchDispatchMode):
         self.script = script
         self.placeholders: dict[str, dict[str, Any]] = {}  # site -> {"kind", "count"}
         self.flop_counter = _flop_registry()
+        self.values = Values(ledger.serial_of, lambda t: placeholder_value(t.dtype))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -232,7 +266,7 @@ class Accounting(TorchDispatchMode):
             try:
                 return func(*args, **kwargs)  # a constant the fake mode still knows (a step count)
             except Exception:
-                return self._placeholder(args[0], func)
+                return self._read(args[0], func)
         out: Any
         if func is aten.nonzero.default:
             x = args[0]
@@ -253,7 +287,8 @@ class Accounting(TorchDispatchMode):
             self._note("masked_select (all elements taken as selected)", "size")
         else:
             out = func(*args, **kwargs)
-        self.ledger.add_tree(out)
+        self.ledger.add_tree(out, self.ledger.device_of(args))
+        self.values.follow(func, args, kwargs, out)
         flop = self.flop_counter.get(getattr(func, "_overloadpacket", None))
         if flop is not None:
             try:
@@ -261,6 +296,23 @@ class Accounting(TorchDispatchMode):
             except Exception:
                 pass
         return out
+
+    def _read(self, t: Any, func: Any) -> Any:
+        """A value read from a fake tensor: the one it was computed to have from earlier
+        placeholders (memscope.agent.fake_values), else a new placeholder, remembered."""
+        known, value = self.values.read(t)
+        if known:
+            if func is not aten._local_scalar_dense.default or t.dtype is torch.bool:
+                value = bool(value)
+            else:
+                value = float(value) if t.dtype.is_floating_point else int(value)
+            self._note(f"{type(value).__name__} scalar read from a tensor (.item(), float(), if t:)",
+                       type(value).__name__)
+            return value
+        value = self._placeholder(t, func)
+        if func is aten._local_scalar_dense.default:
+            self.values.remember(t, value)
+        return value
 
     def _placeholder(self, t: Any, func: Any) -> Any:
         value = placeholder_value(t.dtype, func is not aten._local_scalar_dense.default)

@@ -361,9 +361,10 @@ class FakeRun:
         if pretend:
             from memscope.agent import fake_cuda
 
+            gpu = self.ledger.devices.counter("cuda")  # torch.cuda's figures: GPU tensors only
             cuda_mode = fake_cuda.install(int(req.get("gpu_memory") or DEFAULT_GPU),
-                                          lambda: self.ledger.total_rounded,
-                                          lambda: self.ledger.peak_rounded)
+                                          lambda: gpu.total_rounded, lambda: gpu.peak_rounded,
+                                          placement=self.ledger)
         self._no_compile()
         self._swap_fake_parameters()
         self.accounting.install_conversions()
@@ -438,6 +439,7 @@ class FakeRun:
             "activations": max((s["activations"] for s in self.steps), default=self.ledger.saved_peak),
             "peak_bytes": self.ledger.peak, "peak_rounded_bytes": self.ledger.peak_rounded,
             "peak_breakdown": self.ledger.peak_breakdown(),
+            "peak_by_device": self.ledger.peak_by_device(),
             "flops": last.get("flops"),
             "modules": modules,
             "blocks": {"container": self.block_container, "names": self.block_list,

@@ -119,6 +119,9 @@ class ScriptEstimate:
     notes: list[str] = field(default_factory=list)
     # files the script wrote, renamed or removed, diverted to a scratch directory (fake runs)
     diverted: list[dict[str, Any]] = field(default_factory=list)
+    # each device's own peak (fake runs): {"cuda": {"peak_bytes", "peak_rounded_bytes",
+    # "breakdown"}, "cpu": {...}}; the GPU figures above exclude the tensors kept on the CPU
+    peak_by_device: dict[str, dict[str, Any]] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"schema": "memscope.estimate/1", **asdict(self)}
@@ -151,22 +154,38 @@ def estimate_from_fake(result: FakeResult, script: str) -> ScriptEstimate:
     """The fake estimate: the states at the last step, the activations and the peak of the
     step that peaked highest."""
     steps = result.steps
-    top = max(steps, key=lambda s: s["peak_bytes"]) if steps else {}
+    by_device = {d: v for d, v in (result["peak_by_device"] or {}).items() if isinstance(v, dict)}
+    gpu = by_device.get("cuda")
+
+    def step_peak(s: dict[str, Any]) -> int:
+        if gpu is not None:  # the GPU's own peak: tensors kept on the CPU are host memory
+            return int(((s.get("peak_by_device") or {}).get("cuda") or {}).get("peak_bytes") or 0)
+        return int(s["peak_bytes"])
+
+    top = max(steps, key=step_peak) if steps else {}
     parts = {k: int(result[k] or 0) for k in COMPONENTS}
-    rounded = result.peak_rounded
+    rounded, peak, breakdown = result.peak_rounded, result.peak, result["peak_breakdown"]
+    if gpu is not None:
+        rounded, peak = int(gpu["peak_rounded_bytes"]), int(gpu["peak_bytes"])
+        breakdown = gpu.get("breakdown") or breakdown
     modules = sorted((m for m in result["modules"] or [] if m.get("saved_bytes")),
                      key=lambda m: -m["saved_bytes"])
     notes = []
     if any(p.get("kind") in ("int", "size") for p in result["placeholders"] or []):
         notes.append("an integer or a size the script read from tensor values was replaced by a "
                      "placeholder: sizes that depend on it may be wrong")
+    if gpu is None and by_device:
+        notes.append("the script put no tensor on a GPU: the peak is of its CPU tensors, what a GPU "
+                     "would hold if it moved them all")
     return ScriptEstimate("fake", script, None, int(top.get("step", 0)), **parts,
-                          allocator_peak=rounded, tensor_peak=result.peak,
+                          allocator_peak=rounded, tensor_peak=peak,
                           sum_of_parts=sum(parts.values()), cuda_context=CUDA_CONTEXT_ALLOWANCE,
                           device_total=rounded + CUDA_CONTEXT_ALLOWANCE,
-                          peak_breakdown=result["peak_breakdown"], modules=modules,
+                          peak_breakdown=breakdown, modules=modules,
                           placeholders=list(result["placeholders"] or []), notes=notes,
-                          diverted=list(result["diverted"] or []))
+                          diverted=list(result["diverted"] or []),
+                          peak_by_device={d: {k: v[k] for k in ("peak_bytes", "peak_rounded_bytes", "breakdown")
+                                              if k in v} for d, v in by_device.items()} or None)
 
 
 def render(e: ScriptEstimate) -> str:
@@ -192,6 +211,10 @@ def render(e: ScriptEstimate) -> str:
                  "300 MiB to 1 GiB by GPU and CUDA version)")
     lines.append(f"  {'device total':<18}{human_bytes(e.device_total):>12}  (about what "
                  "nvidia-smi shows, before the caching allocator's fragmentation)")
+    host = (e.peak_by_device or {}).get("cpu")
+    if host and (e.peak_by_device or {}).get("cuda"):
+        lines.append(f"  {'host tensors':<18}{human_bytes(int(host.get('peak_bytes') or 0)):>12}  (kept on "
+                     "the CPU by the script, at their peak: host memory, not in the GPU figures)")
     if e.peak_breakdown:
         lines.append("  at the peak: " + " · ".join(
             f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in e.peak_breakdown.items()))
