@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from memscope.analysis.oom_limits import limit_line
 from memscope.analysis.hotspots import Hotspot, micro_batch_note
 from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
@@ -57,8 +58,10 @@ def render_summary(s: RunSummary) -> str:
         where = ", ".join(x for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
         on = f" on rank {s.oom.rank}" if s.oom.rank is not None else ""
+        limit = s.oom.limit
+        over = f", over {limit_line(limit, None)}" if limit is not None else ""
         lines.append(f"oom       out of memory{on} {at} ({where}), requested "
-                     f"{human_bytes(s.oom.requested_bytes)} (memscope oom RUN.db explains it)")
+                     f"{human_bytes(s.oom.requested_bytes)}{over} (memscope oom RUN.db explains it)")
     if len(s.ranks) > 1:
         lines.extend(render_ranks(s.ranks, _METRIC.get(s.peak.metric, s.peak.metric)))
     if s.hotspots:
