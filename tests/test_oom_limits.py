@@ -103,6 +103,9 @@ def test_the_advice_covers_attention_scores_and_the_step_0_profile(run: tuple[Pa
     assert "attention scores" in change and "scaled_dot_product_attention" in change
     share = int(change.split("attention scores")[1].split("(")[1].split("%")[0])
     assert share >= 50  # softmax, dropout (output and mask) and scores @ v of each head
+    report = json.loads(memscope("report", "--json", str(db)).stdout)
+    attention = [x for x in report["suggestions"] if x["technique"] == "efficient_attention"]
+    assert attention and attention[0]["estimated_saving_bytes"] >= report["oom"]["breakdown"]["activations"] // 2
     layers = memscope("layers", str(db))
     assert layers.returncode == 2 and "--layers-first 0" in layers.stderr
     html = tmp_path / "r.html"
