@@ -125,3 +125,50 @@ def test_the_text_says_which_files(tmp_path: Path) -> None:
     assert "    ckpt.pt (torch.save)" in out.stdout
     assert (tmp_path / "ckpt.pt").read_bytes() == b"real"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "train.py"]
+
+
+SAFETENSORS = """
+import torch
+from safetensors.torch import load_file, save_file
+m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for step in range(3):
+    m(torch.randn(2, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    save_file(m.state_dict(), "model.safetensors")  # written from Rust, not through open()
+    back = load_file("model.safetensors")
+    assert back["weight"].shape == (8, 8), back
+    m.load_state_dict(back)
+"""
+
+
+def test_safetensors_writes_are_diverted(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    (tmp_path / "train.py").write_text(SAFETENSORS)
+    (tmp_path / "model.safetensors").write_bytes(b"the user's weights")
+    out = memscope("estimate", "--json", "train.py", cwd=tmp_path, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "model.safetensors").read_bytes() == b"the user's weights"
+    diverted = json.loads(out.stdout)["diverted"]
+    assert [d["ops"] for d in diverted] == [["safetensors.save_file"]]
+    assert diverted[0]["notes"] == ["fake tensors: shapes kept, no file"]
+
+
+def test_fit_writes_nothing_of_the_user_s_either(tmp_path: Path) -> None:
+    """memscope fit runs the script through the same fake runs: its checkpoint stays as it was."""
+    (tmp_path / "train.py").write_text(
+        "import argparse, torch\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--batch-size', type=int, default=4)\n"
+        "args = p.parse_args()\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8))\n"
+        "opt = torch.optim.Adam(m.parameters())\n"
+        "for step in range(3):\n"
+        "    m(torch.randn(args.batch_size, 256)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "    torch.save(m.state_dict(), 'ckpt.pt')\n"
+        "    with open('log.txt', 'a') as f:\n"
+        "        f.write(f'{step}\\n')\n")
+    (tmp_path / "ckpt.pt").write_bytes(b"real")
+    (tmp_path / "log.txt").write_text("mine\n")
+    before = _hashes(tmp_path)
+    out = memscope("fit", "--gpu", "1GiB", "--json", "train.py", cwd=tmp_path, timeout=400)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["plans"][0]["fits"]
+    assert _hashes(tmp_path) == before

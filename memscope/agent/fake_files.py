@@ -13,7 +13,8 @@ copy under a scratch directory and remembers the mapping:
   what it expects; a removed or renamed file is gone for the script, never for the user;
 * reads of a path the run wrote read the scratch copy; other reads read the user's files;
 * ``torch.save`` of fake tensors (they cannot be pickled) saves meta tensors of the same
-  shapes, and ``torch.load`` of a file the run wrote gives fake tensors back.
+  shapes, and ``torch.load`` of a file the run wrote gives fake tensors back; safetensors'
+  ``save_file`` (written from Rust) is diverted too, and its fake tensors kept as shapes.
 
 Writes through C code that opens files itself (HDF5, SQLite) are not seen. The list of what
 was diverted goes into the estimate.
@@ -389,6 +390,51 @@ class Sandbox:
         box = self
         self._patch(torch, "save", lambda orig: _save(box, orig))
         self._patch(torch, "load", lambda orig: _load(box, orig))
+        self._patch_safetensors()
+
+    def _patch_safetensors(self) -> None:
+        """safetensors writes from Rust, past every Python hook: its save_file is diverted
+        here (transformers' save_pretrained uses it). Fake tensors do not serialise: their
+        shapes are kept in memory, and load_file of that path gives fake tensors back."""
+        import importlib.util
+
+        if importlib.util.find_spec("safetensors") is None:
+            return
+        try:
+            import safetensors.torch as st
+        except Exception:
+            return
+        import torch
+
+        box = self
+        shapes: dict[str, dict[str, tuple[tuple[int, ...], Any]]] = {}
+
+        def save_file(orig: Any) -> Any:
+            def save_file(tensors: dict[str, Any], filename: Any, metadata: Any = None) -> Any:
+                target = box.for_write(filename, "safetensors.save_file")
+                key = os.path.abspath(os.fsdecode(os.fspath(target)))
+                try:
+                    shapes.pop(key, None)
+                    return orig(tensors, target, metadata)
+                except Exception:  # fake tensors: keep their shapes
+                    shapes[key] = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
+                    p = box._abs(filename)
+                    if p is not None and p in box.records:
+                        box._record(p, "safetensors.save_file", target, "fake tensors: shapes kept, no file")
+                    return None
+            return save_file
+
+        def load_file(orig: Any) -> Any:
+            def load_file(filename: Any, device: Any = "cpu") -> Any:
+                target = box.for_read(filename)
+                kept = shapes.get(os.path.abspath(os.fsdecode(os.fspath(target))))
+                if kept is not None:
+                    return {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in kept.items()}
+                return orig(target, device)
+            return load_file
+
+        self._patch(st, "save_file", save_file)
+        self._patch(st, "load_file", load_file)
 
 
 def _as_meta(obj: Any) -> Any:
