@@ -33,9 +33,10 @@ def test_forward_oom_example(run_db: Path) -> None:
     report = report_json(run_db)
     assert report["oom"] is not None
     # "rank": added by the multi-rank work (analysis/oom.py); None for a single process;
-    # "breakdown", "breakdown_step": what was live at the failure, and where it was measured
+    # "breakdown", "breakdown_step": what was live at the failure, and where it was measured;
+    # "limit": the memory limit it ran into (issue 23)
     assert set(report["oom"]) == {"step", "phase", "module", "requested_bytes", "live_bytes", "message",
-                                  "rank", "breakdown", "breakdown_step"}
+                                  "rank", "breakdown", "breakdown_step", "limit"}
     assert report["oom"]["rank"] is None
     oom = report["oom"]
     assert oom["step"] == 5 and oom["phase"] == "forward" and oom["module"] == "expand"

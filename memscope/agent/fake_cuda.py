@@ -5,7 +5,8 @@ build does not have), so the pretence is one level up: the script is told there 
 (``torch.cuda.is_available()`` is True, ``device_count()`` 1, ``get_device_properties`` says
 the planned size), and every tensor it sends to ``"cuda"`` (``.cuda()``, ``.to("cuda")``,
 ``device="cuda"``, ``pin_memory()``) stays a fake tensor on the CPU side. Byte counts do not
-depend on the device, and every fake tensor is counted as GPU memory. ``torch.autocast("cuda")``
+depend on the device; which tensors the script put on the GPU is kept beside them
+(memscope.agent.fake_devices), so tensors it keeps on the CPU are not counted as GPU memory. ``torch.autocast("cuda")``
 becomes CPU autocast with the same dtype (CUDA's default there, float16). Allocator queries
 (``torch.cuda.max_memory_allocated`` ...) answer from the fake run's own ledger.
 
@@ -35,22 +36,41 @@ def _cpu(d: Any) -> Any:
 
 
 class CudaOnCpu(TorchFunctionMode):
-    """Rewrites CUDA devices to the CPU in every torch call the script makes."""
+    """Rewrites CUDA devices to the CPU in every torch call the script makes, and tells the
+    ledger (``placement``, memscope.agent.fake_devices) which storages the script put on the
+    GPU: those a call naming a CUDA device made or moved."""
+
+    def __init__(self, placement: Any = None) -> None:
+        super().__init__()
+        self.placement = placement
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        to_cuda = False
         if func is torch.Tensor.cuda:
             non_blocking = kwargs.get("non_blocking", False)
-            return args[0].to("cpu", non_blocking=non_blocking)
+            func, args, kwargs, to_cuda = torch.Tensor.to, (args[0], "cpu"), {"non_blocking": non_blocking}, True
         if func is torch.Tensor.pin_memory:
             return args[0]
         if func is torch.Tensor.is_pinned:
             return False
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs = {**kwargs, "device": "cpu"}
+            to_cuda = True
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             args = (args[0], "cpu", *args[2:])
-        return func(*args, **kwargs)
+            to_cuda = True
+        if not to_cuda or self.placement is None:
+            return func(*args, **kwargs)
+        devices = self.placement.devices
+        outer, devices.target = devices.target, "cuda"
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            devices.target = outer
+        if func is torch.Tensor.to and isinstance(out, torch.Tensor):
+            self.placement.move(out, "cuda")  # the same fake storage as the CPU tensor it was
+        return out
 
 
 class _Event:
@@ -84,8 +104,10 @@ class _Stream(_Event):
         pass
 
 
-def install(total_memory: int, allocated: Callable[[], int], peak: Callable[[], int]) -> CudaOnCpu:
-    """Pretend one GPU of ``total_memory`` bytes; returns the mode to enter around the run."""
+def install(total_memory: int, allocated: Callable[[], int], peak: Callable[[], int],
+            placement: Any = None) -> CudaOnCpu:
+    """Pretend one GPU of ``total_memory`` bytes; returns the mode to enter around the run.
+    ``placement`` (the fake run's ledger) learns which storages are on the GPU."""
     cuda = torch.cuda
     props = SimpleNamespace(name="memscope fake GPU", total_memory=total_memory, major=9, minor=0,
                             multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
@@ -145,7 +167,7 @@ def install(total_memory: int, allocated: Callable[[], int], peak: Callable[[], 
     except Exception:
         pass
     _autocast_on_cpu()
-    return CudaOnCpu()
+    return CudaOnCpu(placement)
 
 
 class _device_context:

@@ -10,9 +10,12 @@ the bytes each module saved, and the FLOPs of the step (for the recompute cost o
 checkpointing). :class:`Accounting` is the TorchDispatchMode that feeds it; it sits above the
 FakeTensorMode, so it sees the ops autograd and autocast issue, as the real counter does.
 
-Data-dependent scalars (``loss.item()``) get a placeholder: 0 (0.0, False); each use is
-counted with the script line that asked. ``nonzero`` and ``masked_select``, whose output size
-depends on the values, get their largest possible size (every element selected).
+Data-dependent scalars (``loss.item()``, ``float(loss)``, ``f"{loss:.4f}"``) get a placeholder:
+a float read by the script is 1.0 (a loss: ``math.log`` and ``1 / loss`` work with it), one
+read by torch itself 0.0 (GradScaler's found-inf flag: no overflow), an integer 0 (an index or
+a count), a truth value False; each use is counted with the script line that asked.
+``nonzero``, ``masked_select`` and ``unique``, whose output size depends on the values, get
+their largest possible size (every element selected).
 """
 
 from __future__ import annotations
@@ -25,21 +28,17 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memscope.agent.fake_devices import Devices, rounded
+from memscope.agent.fake_values import Values
 from memscope.agent.storages import storages
 
 aten = torch.ops.aten
-BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 _RANK = {"parameters": 0, "optimizer_state": 1, "gradients": 2, "activations": 3}
 
 
 # ops that read a value out of a tensor: a fake tensor has none, so they get a placeholder
 _SCALAR_READS = (aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
-
-
-def rounded(nbytes: int) -> int:
-    """The block size the CUDA caching allocator gives an allocation of ``nbytes``."""
-    return 0 if nbytes <= 0 else -(-nbytes // BLOCK) * BLOCK
 
 
 class Ledger:
@@ -67,24 +66,27 @@ class Ledger:
         self._alias_refs: set[weakref.ReferenceType[Any]] = set()
         self.flops = 0
         self.unsized_sparse: set[int] = set()  # sparse tensors of unknown size: not counted
+        self.devices = Devices()
 
     # -- storages --------------------------------------------------------------------------------
 
-    def add(self, t: Any) -> int | None:
+    def add(self, t: Any, device: str | None = None) -> int | None:
         """Count ``t``'s storages if they are new (a sparse tensor's indices and values: two);
-        the serial of the last (None: not a countable tensor)."""
+        the serial of the last (None: not a countable tensor). ``device``: where it is when that
+        is not ``t.device`` (a pretend GPU's tensors)."""
         try:
             parts = storages(t)
         except Exception:
             return None  # a subclass without storage
+        where = device or self.devices.target or t.device.type
         serial = None
         for st, n in parts:
-            serial = self._add_storage(st, n)
+            serial = self._add_storage(st, n, where)
         if parts and t.layout is not torch.strided and not any(n for _, n in parts):
             self.unsized_sparse.add(id(parts[-1][0]))  # a fake sparse tensor's nnz is unknown
         return serial
 
-    def _add_storage(self, st: Any, n: int) -> int:
+    def _add_storage(self, st: Any, n: int, device: str) -> int:
         key = id(st)
         with self._lock:
             entry = self.live.get(key)
@@ -104,14 +106,35 @@ class Ledger:
             self.peak_rounded = max(self.peak_rounded, self.total_rounded)
             self.step_peak_rounded = max(self.step_peak_rounded, self.total_rounded)
             self._refs[key] = weakref.ref(st, self._released(key))
+            self.devices.add(serial, n, device)
         return serial
 
-    def add_tree(self, obj: Any, depth: int = 0) -> None:
+    def add_tree(self, obj: Any, device: str | None = None, depth: int = 0) -> None:
         if isinstance(obj, torch.Tensor):
-            self.add(obj)
+            self.add(obj, device)
         elif depth < 3 and isinstance(obj, (tuple, list)):
             for o in obj:
-                self.add_tree(o, depth + 1)
+                self.add_tree(o, device, depth + 1)
+
+    def device_of(self, obj: Any, depth: int = 0) -> str | None:
+        """"cuda" when a tensor in ``obj`` (an op's arguments) is on the GPU, else None."""
+        if isinstance(obj, torch.Tensor):
+            serial = self.serial_of(obj)
+            return "cuda" if serial is not None and self.devices.of.get(serial) == "cuda" else None
+        if depth < 2 and isinstance(obj, (tuple, list)):
+            for o in obj:
+                if self.device_of(o, depth + 1):
+                    return "cuda"
+        return None
+
+    def move(self, t: Any, device: str) -> None:
+        """``t``'s storage is now on ``device`` (memscope.agent.fake_devices)."""
+        with self._lock:
+            serial = self.serial_of(t)
+            if serial is None:
+                serial = self.add(t, device)
+            if serial is not None:
+                self.devices.move(serial, self.nbytes[serial], device, self.live)
 
     def serial_of(self, t: Any) -> int | None:
         try:
@@ -127,7 +150,9 @@ class Ledger:
                 if self._refs.get(key) is not ref:
                     return
                 del self._refs[key]
-                serial, n = self.live.pop(key)
+                serial, n = self.live[key]
+                self.devices.release(serial, n, self.live)
+                del self.live[key]
                 if self._pending:  # the moment after the peak: remember what was live
                     self.peak_live = [s for s, _ in self.live.values()] + [serial]
                     self._pending = False
@@ -212,17 +237,28 @@ class Ledger:
         with self._lock:
             out = {"peak_bytes": self.step_peak, "peak_rounded_bytes": self.step_peak_rounded,
                    "activations": self.saved_peak, "flops": self.flops,
-                   "saved_by_module": dict(self.saved_by_module), "end_bytes": self.total}
+                   "saved_by_module": dict(self.saved_by_module), "end_bytes": self.total,
+                   "peak_by_device": self.devices.close_step()}
             self.step_peak, self.step_peak_rounded = self.total, self.total_rounded
             self.saved_peak = self.saved_live
             self.saved_by_module, self._saved_serials = {}, set()
             self.flops = 0
         return out
 
-    def peak_breakdown(self) -> dict[str, int]:
-        """Bytes by category of what was live at the peak (categories as finally claimed)."""
+    def peak_by_device(self) -> dict[str, dict[str, Any]]:
+        """Each device's own peak (exact and rounded to 512 B) and what was live on it then."""
+        return {d: {"peak_bytes": c.peak, "peak_rounded_bytes": c.peak_rounded,
+                    "breakdown": self.peak_breakdown(d)}
+                for d, c in sorted(self.devices.counters.items()) if c.peak}
+
+    def peak_breakdown(self, device: str | None = None) -> dict[str, int]:
+        """Bytes by category of what was live at the peak (categories as finally claimed);
+        with ``device``, of that device's tensors at that device's peak."""
         with self._lock:
-            live = self.peak_live if not self._pending else [s for s, _ in self.live.values()]
+            if device is not None:
+                live = self.devices.snapshot(device, self.live)
+            else:
+                live = self.peak_live if not self._pending else [s for s, _ in self.live.values()]
             out = dict.fromkeys(CATEGORIES, 0)
             for s in live:
                 out[self.category.get(s, "other")] += self.nbytes.get(s, 0)
@@ -238,6 +274,7 @@ class Accounting(TorchDispatchMode):
         self.script = script
         self.placeholders: dict[str, dict[str, Any]] = {}  # site -> {"kind", "count"}
         self.flop_counter = _flop_registry()
+        self.values = Values(ledger.serial_of, lambda t: placeholder_value(t.dtype))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -245,11 +282,20 @@ class Accounting(TorchDispatchMode):
             try:
                 return func(*args, **kwargs)  # a constant the fake mode still knows (a step count)
             except Exception:
-                return self._placeholder(args[0], func)
+                return self._read(args[0], func)
+        out: Any
         if func is aten.nonzero.default:
             x = args[0]
             out = torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
             self._note("nonzero (all elements taken as selected)", "size")
+        elif func is aten._unique2.default:
+            x = args[0]
+            inverse, counts = _flag(args, kwargs, 2, "return_inverse"), _flag(args, kwargs, 3, "return_counts")
+            n = x.numel()
+            out = (torch.empty((n,), dtype=x.dtype, device=x.device),
+                   torch.empty(tuple(x.shape) if inverse else (0,), dtype=torch.long, device=x.device),
+                   torch.empty((n,) if counts else (0,), dtype=torch.long, device=x.device))
+            self._note("unique (every element taken as distinct)", "size")
         elif func is aten.masked_select.default:
             x, mask = args[0], args[1]
             n = torch.broadcast_shapes(x.shape, mask.shape).numel()
@@ -257,7 +303,8 @@ class Accounting(TorchDispatchMode):
             self._note("masked_select (all elements taken as selected)", "size")
         else:
             out = func(*args, **kwargs)
-        self.ledger.add_tree(out)
+        self.ledger.add_tree(out, self.ledger.device_of(args))
+        self.values.follow(func, args, kwargs, out)
         flop = self.flop_counter.get(getattr(func, "_overloadpacket", None))
         if flop is not None:
             try:
@@ -266,8 +313,27 @@ class Accounting(TorchDispatchMode):
                 pass
         return out
 
+    def _read(self, t: Any, func: Any) -> Any:
+        """A value read from a fake tensor: the one it was computed to have from earlier
+        placeholders (memscope.agent.fake_values), else a new placeholder, remembered."""
+        known, value = self.values.read(t)
+        if known:
+            if func is not aten._local_scalar_dense.default or t.dtype is torch.bool:
+                value = bool(value)
+            else:
+                value = float(value) if t.dtype.is_floating_point else int(value)
+            self._note(f"{type(value).__name__} scalar read from a tensor (.item(), float(), if t:)",
+                       type(value).__name__)
+            return value
+        value = self._placeholder(t, func)
+        if func is aten._local_scalar_dense.default:
+            self.values.remember(t, value)
+        return value
+
     def _placeholder(self, t: Any, func: Any) -> Any:
         value = placeholder_value(t.dtype, func is not aten._local_scalar_dense.default)
+        if isinstance(value, float) and _asked_by_torch():
+            value = 0.0
         self._note(f"{type(value).__name__} scalar read from a tensor (.item(), float(), if t:)",
                    type(value).__name__)
         return value
@@ -299,20 +365,50 @@ class Accounting(TorchDispatchMode):
                 return numpy(t, *args, **kwargs)
             import numpy as np
 
-            accounting._note("numpy() of a tensor: zeros", "array", max(1, t.numel()))
+            accounting._note("numpy() of a tensor: placeholders", "array", max(1, t.numel()))
             name = str(t.dtype).replace("torch.", "")
-            return np.zeros(tuple(t.shape), dtype=name if hasattr(np, name) else "float32")
+            return np.full(tuple(t.shape), placeholder_value(t.dtype),
+                           dtype=name if hasattr(np, name) else "float32")
 
+        def fake_format(t: Any, spec: str) -> str:
+            # Tensor.__format__ formats the value of a 0-dim tensor of type Tensor only
+            if t.dim() == 0:
+                return format(t.item(), spec)
+            return tensor_format(t, spec)
+
+        tensor_format = torch.Tensor.__format__
+        FakeTensor.__format__ = fake_format  # type: ignore[method-assign]
         FakeTensor.tolist = fake_tolist  # type: ignore[method-assign,assignment]
         torch.Tensor.numpy = fake_numpy  # type: ignore[method-assign,assignment]
 
 
+_DISPATCH = ("/torch/_ops.py", "/torch/_subclasses/", "/torch/utils/_python_dispatch.py",
+             "/torch/_tensor.py", "/torch/overrides.py", "/torch/_prims", "/torch/_decomp", "/torch/_refs",
+             "/torch/_dynamo/", "/torch/_compile.py")
+
+
+def _asked_by_torch() -> bool:
+    """Whether the code reading a value is torch's own (below memscope and the dispatch)."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if "/memscope/" not in name and not any(d in name for d in _DISPATCH):
+            return "/torch/" in name
+        f = f.f_back
+    return False
+
+
+def _flag(args: Any, kwargs: Any, index: int, name: str) -> bool:
+    return bool(kwargs[name] if name in kwargs else (args[index] if len(args) > index else False))
+
+
 def placeholder_value(dtype: Any, boolean: bool = False) -> Any:
-    """What a fake tensor's value reads as: 0, 0.0 or False."""
+    """What a fake tensor's value reads as: 1.0 (a float, positive and nonzero: a loss that is
+    logged, divided by, exponentiated), 0 (an integer) or False."""
     if boolean or dtype is torch.bool:
         return False
     if dtype.is_floating_point or dtype.is_complex:
-        return 0.0
+        return 1.0
     return 0
 
 

@@ -12,6 +12,8 @@ working directory), with
   first optimizer's ``step()``; without an optimizer, the outermost backward), and the end of
   the run after the requested number of steps (a ``BaseException`` raised from the boundary,
   which ``except Exception`` in the script does not catch);
+* every file the script writes, renames or removes diverted to a scratch directory
+  (memscope.agent.fake_files): a fake run changes none of the user's files;
 * optionally the techniques ``whatif`` applies (memscope.agent.techniques) or a checkpointing
   plan that names its blocks, and a DataLoader batch size.
 
@@ -39,6 +41,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memscope.agent.config import AgentOptions
+from memscope.agent.fake_files import Sandbox
 from memscope.agent.fake_ledger import Accounting, Ledger
 from memscope.agent.optimizer_state import optimizer_state_tensors
 
@@ -88,6 +91,9 @@ class FakeRun:
         self.checkpoint_names = req.get("checkpoint_blocks") if isinstance(req.get("checkpoint_blocks"), list) else None
         self.totals = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
         self.optimizer_names: list[str] = []
+        work = os.path.dirname(os.path.abspath(req["result"]))
+        self.sandbox = Sandbox(req.get("scratch") or os.path.join(work, f"files-{req.get('id', 0)}"),
+                               [work, os.path.dirname(os.path.abspath(req.get("log") or req["result"]))])
 
     # -- boundaries ------------------------------------------------------------------------------
 
@@ -355,9 +361,10 @@ class FakeRun:
         if pretend:
             from memscope.agent import fake_cuda
 
+            gpu = self.ledger.devices.counter("cuda")  # torch.cuda's figures: GPU tensors only
             cuda_mode = fake_cuda.install(int(req.get("gpu_memory") or DEFAULT_GPU),
-                                          lambda: self.ledger.total_rounded,
-                                          lambda: self.ledger.peak_rounded)
+                                          lambda: gpu.total_rounded, lambda: gpu.peak_rounded,
+                                          placement=self.ledger)
         self._no_compile()
         self._swap_fake_parameters()
         self.accounting.install_conversions()
@@ -375,6 +382,7 @@ class FakeRun:
             nn_module.register_module_forward_hook(self._post_hook, always_call=True)
         except TypeError:
             nn_module.register_module_forward_hook(self._post_hook)
+        self.sandbox.install()
         status, error, code = "ok", None, 0
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         try:
@@ -432,6 +440,7 @@ class FakeRun:
             "peak_bytes": self.ledger.peak, "peak_rounded_bytes": self.ledger.peak_rounded,
             "uncounted_sparse": len(self.ledger.unsized_sparse),
             "peak_breakdown": self.ledger.peak_breakdown(),
+            "peak_by_device": self.ledger.peak_by_device(),
             "flops": last.get("flops"),
             "modules": modules,
             "blocks": {"container": self.block_container, "names": self.block_list,
@@ -442,6 +451,7 @@ class FakeRun:
             "dataloader_batches": self.loader_batches,
             "placeholders": [{"site": k, **v} for k, v in self.accounting.placeholders.items()],
             "techniques": [e["data"] for e in self.host.events if isinstance(e.get("data"), dict)],
+            "diverted": self.sandbox.listing(),
             "elapsed_s": round(elapsed, 3),
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }

@@ -25,6 +25,7 @@ its traceback or a tensor past the call.
 from __future__ import annotations
 
 import re
+import resource
 import sys
 import threading
 import time
@@ -375,8 +376,10 @@ class OomRecorder:
 
             data["rss"] = agent.rss()
             data["host_total_bytes"] = psutil.virtual_memory().total
+            data["vms"] = int(psutil.Process().memory_info().vms)
         except Exception:
             pass
+        data["limits"] = _limits_now(self._limits, agent)
         if cuda:
             data.update(_cuda_state(agent, message, observed))
         else:
@@ -437,6 +440,25 @@ class OomRecorder:
                     "breakdown_at_failure": False}
             self.count += 1
             agent.event("oom", data["message"], data)
+
+
+def _limits_now(limits: dict[str, int | None], agent: "CollectorHost") -> dict[str, int]:
+    """The memory limits in force at the failure, by name: the address-space rlimit
+    (``ulimit -v``, read again: a script may lower it), the cgroup's memory.max, the machine's
+    memory, ``--simulate-gpu``'s cap. memscope.analysis.oom decides which one failed."""
+    out = {"RLIMIT_AS": limits.get("address_space"), "cgroup_memory_max": limits.get("cgroup"),
+           "host_memory": limits.get("host_total")}
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+        out["RLIMIT_AS"] = int(soft) if soft != resource.RLIM_INFINITY and soft > 0 else None
+    except (ValueError, OSError):
+        pass
+    try:
+        size = agent.options.simulate_gpu
+        out["simulate_gpu"] = int(size) if size else None
+    except Exception:
+        pass
+    return {k: int(v) for k, v in out.items() if v}
 
 
 def _segments(torch: Any, index: int) -> list[dict[str, Any]] | None:

@@ -131,6 +131,7 @@ class _Counter:
         self.bytes = {"parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": 0, "other": 0}
         self.tensors = 0
         self.tensor_type = torch.Tensor
+        self.attention_scores = 0  # saved N x N score tensors (softmax, dropout, scores @ v)
 
     def key(self, t: Any) -> tuple[int, int] | None:
         """(storage address, bytes) of a tensor on our device, else None."""
@@ -248,6 +249,7 @@ def _census(torch: Any, device: str, optimizers: list[Any], roots: list[tuple[An
     del live
     out: dict[str, Any] = dict(c.bytes)
     out["tensors"] = c.tensors
+    out["attention_scores"] = c.attention_scores
     out["graph_nodes"] = nodes
     out["truncated"] = truncated
     out["seconds"] = round(time.perf_counter() - t0, 4)
@@ -296,6 +298,7 @@ def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog 
     keep: list[Any] = []  # node wrappers held until the end: their ids stay unique
     todo = list(starts)
     saved: dict[int, list[Any]] = {}  # storage address -> [bytes, first saver's sequence number]
+    scores: set[int] = set()  # storage addresses of attention score tensors
     nodes = 0
     truncated = False
     try:
@@ -324,6 +327,8 @@ def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog 
                     entry = saved.get(k[0])
                     if entry is None:
                         saved[k[0]] = [k[1], seq]
+                        if _is_score(node, v):
+                            scores.add(k[0])
                     elif seq is not None and (entry[1] is None or seq < entry[1]):
                         entry[1] = seq
                 del values
@@ -338,11 +343,32 @@ def _walk(starts: list[Any], c: _Counter, by_call: dict[int, int], log: CallLog 
         todo.clear()
         keep.clear()
     for ptr, (nbytes, seq) in saved.items():
+        if ptr in scores and ptr not in c.seen:
+            c.attention_scores += nbytes
         c.claim(ptr, nbytes, "activations")
         if log is not None:
             i = log.call_of(seq) if seq is not None else -1
             by_call[i] = by_call.get(i, 0) + nbytes
     return nodes, truncated
+
+
+# autograd nodes that save attention scores (B x heads x N x N): the softmax, its dropout, the
+# masking and scaling, and the scores @ v matmul
+_SCORE_NODES = ("Softmax", "LogSoftmax", "NativeDropout", "Dropout", "Bmm", "Baddbmm", "MaskedFill",
+                "Mul", "Div", "Where", "Matmul", "UnsafeView", "Expand")
+MIN_SCORE_SIDE = 16  # N x N smaller than this is not a sequence's attention
+
+
+def _is_score(node: Any, v: Any) -> bool:
+    """A saved tensor that looks like attention scores: square in its last two dimensions
+    (N x N, at least MIN_SCORE_SIDE), with batch or head dimensions before, saved by a node that
+    attention's softmax, dropout or matmul make."""
+    try:
+        shape = v.shape
+        return (len(shape) >= 3 and shape[-1] == shape[-2] >= MIN_SCORE_SIDE
+                and type(node).__name__.startswith(_SCORE_NODES))
+    except Exception:
+        return False
 
 
 def _by_module(by_call: dict[int, int], log: CallLog, roots: list[tuple[Any, str]]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis.oom_limits import attention_tip, failed_limit, limit_line
 from memscope.display import shown_text
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
@@ -66,12 +67,19 @@ class OomReport:
         rows = self.data.get("activations_by_module")
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
+    @property
+    def limit(self) -> dict[str, Any] | None:
+        """The memory limit the failure ran into (memscope.analysis.oom_limits)."""
+        return failed_limit(self.data) if self.kind == "oom" else None
+
     def to_json(self) -> dict[str, Any]:
-        """The ``oom`` object of ``memscope.report/1`` (DESIGN.md section 4)."""
+        """The ``oom`` object of ``memscope.report/1`` (DESIGN.md section 4); ``limit``
+        (``{"kind", "bytes", "used_bytes"}``) is additive."""
         return {"step": self.step, "phase": self.phase, "module": self.module,
                 "requested_bytes": self.requested_bytes, "live_bytes": self.live_bytes,
                 "message": self.message, "rank": self.rank,
-                "breakdown": self.breakdown, "breakdown_step": self.breakdown_step}
+                "breakdown": self.breakdown, "breakdown_step": self.breakdown_step,
+                "limit": self.limit}
 
 
 def post_mortem(reader: RunReader) -> OomReport | None:
@@ -162,6 +170,9 @@ def advice(r: OomReport) -> list[str]:
         out.append(f"{human_bytes(outside)} of the device is outside PyTorch's allocator ({who}): "
                    "free the GPU of other jobs, or budget for it")
     bd = demand(r)
+    scores = attention_tip(d, (r.breakdown or {}).get("activations", 0)) if r.breakdown_at_failure else None
+    if scores:
+        out.append(scores)
     if bd:
         tensors = sum(bd.values())
         biggest = max(("activations", "optimizer_state", "parameters", "gradients"), key=lambda k: bd.get(k, 0))
@@ -269,7 +280,7 @@ _WORDED = {
     "largest_free_block_bytes", "alloc_retries", "ooms", "segments", "expandable_segments", "alloc_conf",
     "nvml_used_bytes", "nvml_total_bytes", "nvml_process_bytes", "outside_pytorch_bytes",
     "outside_this_process_bytes", "other_processes_bytes", "site", "stream", "time_us", "cuda_error",
-    "allocated_by_site",
+    "allocated_by_site", "limits", "vms",
     "last_rss", "last_allocated", "last_sample_t", "likely_oom_killer", "signal", "signal_name",
 }
 
@@ -349,9 +360,13 @@ def _memory(r: OomReport) -> list[Fact]:
         full.append(free)
     if d.get("device_limit_bytes") is not None:
         full.append(f"this process may use {human_bytes(d['device_limit_bytes'])}")
-    if device == "cpu" and d.get("host_total_bytes") and r.live_bytes is not None:
+    limit = r.limit
+    if device == "cpu" and d.get("host_total_bytes") and r.live_bytes is not None and (
+            limit is None or limit["kind"] == "host_memory"):
         full.append(f"{100 * r.live_bytes / d['host_total_bytes']:.0f}% of the machine's "
                     f"{human_bytes(d['host_total_bytes'])}")
+    elif device == "cpu" and d.get("host_total_bytes"):
+        full.append(f"the machine has {human_bytes(d['host_total_bytes'])}")
     if d.get("rss") is not None and device != "cpu":
         host = f"host RSS {human_bytes(d['rss'])}"
         if d.get("host_total_bytes"):
@@ -359,6 +374,8 @@ def _memory(r: OomReport) -> list[Fact]:
         full.append(host)
     if full:
         lines.append(("", " · ".join(full)))
+    if limit is not None and limit["kind"] != "host_memory":  # the machine's share is said above
+        lines.append(("limit", limit_line(limit, r.requested_bytes)))
     return lines
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories, suggestions as leak_suggestions
+from memscope.analysis.oom_limits import attention_scores
 from memscope.analysis.oom import ABSURD_REQUEST, demand, fragmentation
 from memscope.analysis.unexplained import suggestion as unexplained_suggestion
 from memscope.analysis.workers import suggestion as workers_suggestion
@@ -89,6 +90,7 @@ class Facts:
     device_total: int | None = None  # the GPU's memory (NVML), or the --simulate-gpu cap
     micro_batches: int | None = None  # forwards per optimizer step in the profiled step (accumulation)
     closure_forwards: int = 0  # of those, evaluations of an optimizer's closure (LBFGS)
+    attention_scores: int = 0  # N x N attention scores live at the OOM (its census), bytes
 
     @property
     def layer_source(self) -> str:
@@ -200,7 +202,8 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
                  tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
-                 micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards)
+                 micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
+                 attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0)
 
 
 def _allocator_facts(reader: RunReader, s: RunSummary) -> tuple[dict[str, Any] | None, bool]:
@@ -604,7 +607,9 @@ def efficient_attention(f: Facts) -> list[Suggestion]:
         if out and excess > out:
             hits.append((name, kind, saved, out, excess))
     saving = min(sum(h[4] for h in hits), f.activations)
-    if not hits or f.share(saving) < MIN_SHARE:
+    if not hits:
+        return _scores_at_failure(f)
+    if f.share(saving) < MIN_SHARE:
         return []
     names = ", ".join(h[0] for h in hits[:4]) + (f" and {len(hits) - 4} more" if len(hits) > 4 else "")
     h0 = hits[0]
@@ -614,6 +619,19 @@ def efficient_attention(f: Facts) -> list[Suggestion]:
         f"output: {h0[0]} ({h0[1]}) saves {_b(h0[2])} with its children for an output of "
         f"{_b(h0[3])} ({f.layer_source}): the N x N attention scores kept for backward",
         _attention_how(f, [h[0] for h in hits], {h[1] for h in hits}))]
+
+
+def _scores_at_failure(f: Facts) -> list[Suggestion]:
+    """Without a per-layer profile (an OOM in step 0): the N x N scores the census found live
+    at the failure, which scaled_dot_product_attention's fused kernels never store."""
+    saving = min(f.attention_scores, f.activations)
+    if not saving or f.share(saving) < MIN_SHARE:
+        return []
+    return [Suggestion(
+        "efficient_attention", saving,
+        f"attention scores (N x N per head, saved by softmax, dropout and scores @ v) were "
+        f"{_b(saving)} of the {_b(f.activations)} of activations {f.basis}",
+        _attention_how(f, [], set()))]
 
 
 _TORCH_TRANSFORMER_LAYERS = ("TransformerEncoderLayer", "TransformerDecoderLayer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from memscope.analysis.oom_limits import profile_hint
 from memscope.analysis.hotspots import (
     choose_step,
     hotspots,
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         proc = summary.main_proc
         steps = [st for _, st in profiled_steps(reader, proc)] if proc is not None else []
         if not steps:
-            raise CliError(f"layers: {args.db} has no profiled step (attach with --layers-every N)")
+            hint = profile_hint(summary.steps, summary.oom.step if summary.oom is not None else None)
+            raise CliError(f"layers: {args.db} has no profiled step ({hint})")
         if args.step is not None:
             if args.step not in steps:
                 raise CliError(f"layers: step {args.step} was not profiled "

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from memscope import __version__
 from memscope.analysis.leaks import describe, fix_how
 from memscope.analysis.oom import OomReport, advice
+from memscope.analysis.oom_limits import profile_hint
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, memory_timeline
@@ -251,8 +252,8 @@ def _oom(r: OomReport | None) -> str:
 
 def _hotspots(s: RunSummary) -> str:
     if not s.hotspots:
-        return ('<h2>Hotspots</h2><p class="none">no per-layer profile in this run '
-                "(attach with --layers-every N)</p>")
+        hint = profile_hint(s.steps, s.oom.step if s.oom is not None else None)
+        return f'<h2>Hotspots</h2><p class="none">no per-layer profile in this run ({esc(hint)})</p>'
     rows = [[esc(h.module or "(model)"), esc(h.type),
              esc(human_bytes(h.activation_bytes)),
              f'<span class="share"><span style="width:{100 * h.share:.1f}%"></span></span> '

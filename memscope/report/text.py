@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+from memscope.analysis.oom import ABSURD_REQUEST
+from memscope.analysis.oom_limits import limit_line
 from memscope.analysis.hotspots import Hotspot, micro_batch_note
 from memscope.analysis.leaks import describe
 from memscope.constants import NODE_BYTES
@@ -59,8 +61,11 @@ def render_summary(s: RunSummary) -> str:
         where = ", ".join(shown(x) for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"
         on = f" on rank {s.oom.rank}" if s.oom.rank is not None else ""
+        limit = s.oom.limit
+        absurd = (s.oom.requested_bytes or 0) > ABSURD_REQUEST  # a shape bug: no limit is to blame
+        over = f", over {limit_line(limit, None)}" if limit is not None and not absurd else ""
         lines.append(f"oom       out of memory{on} {at} ({where}), requested "
-                     f"{human_bytes(s.oom.requested_bytes)} (memscope oom RUN.db explains it)")
+                     f"{human_bytes(s.oom.requested_bytes)}{over} (memscope oom RUN.db explains it)")
     if len(s.ranks) > 1:
         lines.extend(render_ranks(s.ranks, _METRIC.get(s.peak.metric, s.peak.metric)))
     if s.hotspots:

@@ -52,6 +52,25 @@ class FakeResult:
         return int(self.data.get("peak_rounded_bytes") or 0)
 
     @property
+    def gpu(self) -> dict[str, Any] | None:
+        """The GPU's own peak and breakdown when the script put tensors on one (its CPU tensors
+        are host memory), else None: every tensor stayed on the CPU."""
+        gpu = (self.data.get("peak_by_device") or {}).get("cuda")
+        return gpu if isinstance(gpu, dict) else None
+
+    @property
+    def gpu_peak_rounded(self) -> int:
+        """What a GPU would hold at its peak (512-byte blocks): the GPU's tensors when the
+        script used one, else all of them (a script that moves nothing to a GPU)."""
+        gpu = self.gpu
+        return int(gpu["peak_rounded_bytes"]) if gpu else self.peak_rounded
+
+    @property
+    def gpu_breakdown(self) -> dict[str, int]:
+        gpu = self.gpu
+        return dict((gpu or {}).get("breakdown") or self.data.get("peak_breakdown") or {})
+
+    @property
     def steps(self) -> list[dict[str, Any]]:
         return list(self.data.get("steps") or [])
 

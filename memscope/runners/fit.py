@@ -143,8 +143,8 @@ def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
         max_batch = None
         if batch is not None:
             max_batch = _search_batch(trials, batch, base, usable, points, notes)
-        if base.peak_rounded <= usable:
-            plans = [Plan([], base.peak_rounded, True, planning.describe_cost([], None), 0.0)]
+        if base.gpu_peak_rounded <= usable:
+            plans = [Plan([], base.gpu_peak_rounded, True, planning.describe_cost([], None), 0.0)]
         else:
             plans = _plans(trials, base, b0, usable, world_size, notes)
         notes.extend(trials.failures[:5])
@@ -154,7 +154,7 @@ def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
 
 def _search_batch(trials: _Trials, batch: BatchArgument, base: FakeResult, usable: int,
                   points: dict[int, int], notes: list[str]) -> int | None:
-    points[batch.value] = base.peak_rounded
+    points[batch.value] = base.gpu_peak_rounded
     for _ in range(BATCH_TRIALS):
         guess = planning.next_batch(points, usable)
         if guess is None:
@@ -163,7 +163,7 @@ def _search_batch(trials: _Trials, batch: BatchArgument, base: FakeResult, usabl
         if r is None:
             notes.append(f"the fake run at {batch.name} {guess} failed: the search stopped there")
             break
-        points[guess] = r.peak_rounded
+        points[guess] = r.gpu_peak_rounded
         if len(points) == 2 and points[guess] == points[batch.value]:
             notes.append(f"{batch.name} {guess} has the same peak as {batch.value}: it does not set "
                          "the micro-batch (name the right one with --batch-arg)")
@@ -243,12 +243,12 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
     if b0 is not None and b0 > 1:
         found = 0
         for m in sorted(list(measured), key=lambda m: planning.score(m.techniques, 0.33)):
-            if m.run.peak_rounded <= usable or found >= 3:
+            if m.run.gpu_peak_rounded <= usable or found >= 3:
                 continue
             acc = _accumulate(trials, b0, m, usable)
             if acc is not None:
                 measured.append(acc)
-                found += acc.run.peak_rounded <= usable
+                found += acc.run.gpu_peak_rounded <= usable
     base_fps = _flops_per_sample(base, b0)
     plans: list[Plan] = []
     for m in measured:
@@ -256,12 +256,12 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
         fps = _flops_per_sample(r, m.micro)
         has_ckpt = m.checkpoint is not None
         extra = max(0.0, fps / base_fps - 1) if (has_ckpt and fps and base_fps) else (0.33 if has_ckpt else None)
-        plans.append(Plan(techs, r.peak_rounded, r.peak_rounded <= usable,
+        plans.append(Plan(techs, r.gpu_peak_rounded, r.gpu_peak_rounded <= usable,
                           planning.describe_cost(techs, extra), planning.score(techs, extra or 0.0)))
         if world > 1:
             grads = int(r["gradients"] or 0)
             for stage in (1, 2, 3):
-                peak = planning.shard(r.peak_rounded, r["peak_breakdown"] or {}, stage, world, largest_block)
+                peak = planning.shard(r.gpu_peak_rounded, r.gpu_breakdown, stage, world, largest_block)
                 sharded = [*techs, planning.sharding(stage, world)]
                 plans.append(Plan(sharded, peak, peak <= usable,
                                   planning.describe_cost(sharded, extra, planning.communication(stage, world, grads)),
@@ -271,8 +271,8 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
 
 def _sharded_peak(r: FakeResult, stage: int, world: int, largest_block: int) -> int:
     if stage == 0:
-        return r.peak_rounded
-    return planning.shard(r.peak_rounded, r["peak_breakdown"] or {}, stage, world, largest_block)
+        return r.gpu_peak_rounded
+    return planning.shard(r.gpu_peak_rounded, r.gpu_breakdown, stage, world, largest_block)
 
 
 def _stage_that_fits(r: FakeResult, usable: int, world: int, largest_block: int) -> int | None:
@@ -329,13 +329,13 @@ def _accumulate(trials: _Trials, b0: int, m: _Measured, usable: int) -> _Measure
         run = trials.run(b0 // k, m.names, m.checkpoint)
         if run is None:
             return None
-        if run.peak_rounded <= usable:
+        if run.gpu_peak_rounded <= usable:
             return _Measured([*m.techniques, planning.accumulation(k, b0 // k, b0)], run, b0 // k,
                              m.names, m.checkpoint)
-        slope = (m.run.peak_rounded - run.peak_rounded) / (b0 - b0 // k)
+        slope = (m.run.gpu_peak_rounded - run.gpu_peak_rounded) / (b0 - b0 // k)
         if slope <= 0:
             return None
-        micro = math.floor(b0 // k + (usable - run.peak_rounded) / slope)
+        micro = math.floor(b0 // k + (usable - run.gpu_peak_rounded) / slope)
         k = next((x for x in ks if x > k and b0 // x <= max(1, micro)), None)
     return None
 
@@ -350,9 +350,9 @@ def render(res: FitResult) -> str:
              + (f" x {res.world_size} ranks" if res.world_size > 1 else "")
              + f" ({res.trials} fake runs, {res.elapsed:.1f} s)"]
     lines.append(f"  budget      {res.allowance.describe(res.budget)}")
-    verdict = "fits" if base.peak_rounded <= res.usable else "does NOT fit"
+    verdict = "fits" if base.gpu_peak_rounded <= res.usable else "does NOT fit"
     at = f"batch {b.value} ({b.name})" if b else "as it is"
-    lines.append(f"  as is       {at}: allocator peak {human_bytes(base.peak_rounded)}, {verdict}")
+    lines.append(f"  as is       {at}: allocator peak {human_bytes(base.gpu_peak_rounded)}, {verdict}")
     if b is not None and res.max_micro_batch is not None:
         nxt = res.max_micro_batch + 1
         after = f"; {nxt} needs {human_bytes(res.batch_points[nxt])}" if nxt in res.batch_points else ""

@@ -117,6 +117,11 @@ class ScriptEstimate:
     modules: list[dict[str, Any]] = field(default_factory=list)  # activations per module
     placeholders: list[dict[str, Any]] = field(default_factory=list)  # data-dependent scalars
     notes: list[str] = field(default_factory=list)
+    # files the script wrote, renamed or removed, diverted to a scratch directory (fake runs)
+    diverted: list[dict[str, Any]] = field(default_factory=list)
+    # each device's own peak (fake runs): {"cuda": {"peak_bytes", "peak_rounded_bytes",
+    # "breakdown"}, "cpu": {...}}; the GPU figures above exclude the tensors kept on the CPU
+    peak_by_device: dict[str, dict[str, Any]] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"schema": "memscope.estimate/1", **asdict(self)}
@@ -149,9 +154,20 @@ def estimate_from_fake(result: FakeResult, script: str) -> ScriptEstimate:
     """The fake estimate: the states at the last step, the activations and the peak of the
     step that peaked highest."""
     steps = result.steps
-    top = max(steps, key=lambda s: s["peak_bytes"]) if steps else {}
+    by_device = {d: v for d, v in (result["peak_by_device"] or {}).items() if isinstance(v, dict)}
+    gpu = by_device.get("cuda")
+
+    def step_peak(s: dict[str, Any]) -> int:
+        if gpu is not None:  # the GPU's own peak: tensors kept on the CPU are host memory
+            return int(((s.get("peak_by_device") or {}).get("cuda") or {}).get("peak_bytes") or 0)
+        return int(s["peak_bytes"])
+
+    top = max(steps, key=step_peak) if steps else {}
     parts = {k: int(result[k] or 0) for k in COMPONENTS}
-    rounded = result.peak_rounded
+    rounded, peak, breakdown = result.peak_rounded, result.peak, result["peak_breakdown"]
+    if gpu is not None:
+        rounded, peak = int(gpu["peak_rounded_bytes"]), int(gpu["peak_bytes"])
+        breakdown = gpu.get("breakdown") or breakdown
     modules = sorted((m for m in result["modules"] or [] if m.get("saved_bytes")),
                      key=lambda m: -m["saved_bytes"])
     notes = []
@@ -161,12 +177,18 @@ def estimate_from_fake(result: FakeResult, script: str) -> ScriptEstimate:
     if result["uncounted_sparse"]:
         notes.append(f"{result['uncounted_sparse']} sparse tensor(s) not counted (a sparse embedding's "
                      "gradient, say): a fake run cannot know how many values they hold; --measure can")
+    if gpu is None and by_device:
+        notes.append("the script put no tensor on a GPU: the peak is of its CPU tensors, what a GPU "
+                     "would hold if it moved them all")
     return ScriptEstimate("fake", script, None, int(top.get("step", 0)), **parts,
-                          allocator_peak=rounded, tensor_peak=result.peak,
+                          allocator_peak=rounded, tensor_peak=peak,
                           sum_of_parts=sum(parts.values()), cuda_context=CUDA_CONTEXT_ALLOWANCE,
                           device_total=rounded + CUDA_CONTEXT_ALLOWANCE,
-                          peak_breakdown=result["peak_breakdown"], modules=modules,
-                          placeholders=list(result["placeholders"] or []), notes=notes)
+                          peak_breakdown=breakdown, modules=modules,
+                          placeholders=list(result["placeholders"] or []), notes=notes,
+                          diverted=list(result["diverted"] or []),
+                          peak_by_device={d: {k: v[k] for k in ("peak_bytes", "peak_rounded_bytes", "breakdown")
+                                              if k in v} for d, v in by_device.items()} or None)
 
 
 def render(e: ScriptEstimate) -> str:
@@ -192,6 +214,10 @@ def render(e: ScriptEstimate) -> str:
                  "300 MiB to 1 GiB by GPU and CUDA version)")
     lines.append(f"  {'device total':<18}{human_bytes(e.device_total):>12}  (about what "
                  "nvidia-smi shows, before the caching allocator's fragmentation)")
+    host = (e.peak_by_device or {}).get("cpu")
+    if host and (e.peak_by_device or {}).get("cuda"):
+        lines.append(f"  {'host tensors':<18}{human_bytes(int(host.get('peak_bytes') or 0)):>12}  (kept on "
+                     "the CPU by the script, at their peak: host memory, not in the GPU figures)")
     if e.peak_breakdown:
         lines.append("  at the peak: " + " · ".join(
             f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in e.peak_breakdown.items()))
@@ -204,11 +230,33 @@ def render(e: ScriptEstimate) -> str:
     for p in e.placeholders[:3]:
         lines.append(f"  placeholder: {p['site']} x{p['count']} (a fake run has no values)")
     lines.extend(f"  note: {n}" for n in e.notes)
+    lines.extend(diverted_lines(e.diverted))
     lines.append("  not counted: allocator fragmentation, cuBLAS/cuDNN workspaces, CUDA-only code "
                  "paths (flash attention, fused optimizers)")
     if e.db:
         lines.append(f"  run file: {e.db}")
     return "\n".join(lines)
+
+
+def _shown(text: str, limit: int = 160) -> str:
+    """A path of the user's for the terminal: no control or bidi characters, bounded."""
+    out = "".join(c if c.isprintable() else "?" for c in text)
+    return out if len(out) <= limit else out[:limit // 2 - 1] + "…" + out[-(limit // 2):]
+
+
+def diverted_lines(diverted: list[dict[str, Any]], shown: int = 5) -> list[str]:
+    """What the fake run kept from the user's files: each path and what the script did to it."""
+    if not diverted:
+        return []
+    out = [f"  files: the script wrote to {len(diverted)} path{'s' if len(diverted) != 1 else ''}; "
+           "a fake run diverts every write to a scratch copy, yours are unchanged"]
+    for d in diverted[:shown]:
+        path = str(d.get("path", "?"))
+        rel = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+        out.append(f"    {_shown(rel)} ({', '.join(_shown(str(o)) for o in d.get('ops') or [])})")
+    if len(diverted) > shown:
+        out.append(f"    {len(diverted) - shown} more (--json lists them)")
+    return out
 
 
 _HINT_FLAGS = ("--json", "--measure", "--steps", "--cpu")
@@ -239,6 +287,10 @@ def run_fake(script: str, script_args: Sequence[str], steps: int = 2, pretend_cu
         error = result.error or "ended early"
         if result["status"] == "exit":
             error += ": " + _last_line(result.log)
+        if result["placeholders"] and "depends on tensor values" not in error:
+            n = sum(int(p.get("count") or 0) for p in result["placeholders"])
+            error += (f" (the script read {n} value{'s' if n != 1 else ''} from tensors, which a fake "
+                      "run does not have: it got 1.0, 0 or False instead)")
         raise CliError(f"estimate: {script} failed in the fake run: {error}"
                        f"{_hint(script_args, error)} (log: {result.log}; "
                        "memscope estimate --measure runs real steps on CPU instead)")
