@@ -1,12 +1,14 @@
-"""``memscope leaks RUN.db [--from A] [--to B] [--json]``: what grew between two inventories,
+"""``memscope leaks RUN.db [--from A] [--to B] [--json] [--diff]``: what grew between two inventories,
 which tensor groups leak, and whether there were enough inventories to tell."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
+from memscope.analysis.leak_patch import LinePatch, patch_line, split_site
 from memscope.analysis.leaks import GroupDiff, Leak, LeakCheck, describe, diff, fix_how, inventory_steps
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.unexplained import UnexplainedGrowth
@@ -27,12 +29,19 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--to", dest="to_step", type=int, metavar="B",
                         help="inventoried step to diff to (default: the last)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--diff", action="store_true",
+                        help="print the fix of each leak as a unified diff of the line that stored it "
+                             "(patch -p1 applies it); files are read, never written")
 
 
 def run(args: argparse.Namespace) -> int:
     check_range(args.from_step, args.to_step)
     with RunReader(args.db) as reader:
         s = summarize(reader)
+        if args.diff:
+            run_row = reader.run() or {}
+            print(patches(s.leaks, run_row.get("cwd")), end="")
+            return 0
         proc = s.main_proc
         steps = inventory_steps(reader, proc) if proc is not None else []
         if not steps:
@@ -157,3 +166,35 @@ def worker_lines(w: WorkerGrowth) -> list[str]:
             f"{human_bytes(w.uss_end - w.uss_start)} of the dataset into private memory "
             f"({human_bytes(w.uss_start)} → {human_bytes(w.uss_end)} USS in {w.seconds:.0f} s{per_step})",
             f"      fix: {shown_text(w.how())}"]
+
+
+def patches(leaks: list[Leak], cwd: str | None) -> str:
+    """Each leak's fix as a unified diff of the line that stored it, or why there is none (lines
+    starting with ``#``: ``patch`` skips them)."""
+    out: list[str] = []
+    for lk in leaks:
+        head = f"# LEAK {shown_text(describe(lk))}, held by {shown(lk.held_by or 'unknown')}"
+        where = split_site(lk.site) if lk.site else None
+        if where is None:
+            out += [head, "# no patch: the line that stored it is not known\n"]
+            continue
+        path, line = where
+        full = path if os.path.isabs(path) or not cwd else os.path.join(cwd, path)
+        try:
+            with open(full, encoding="utf-8") as f:
+                source = f.readlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            out += [head, f"# no patch: cannot read {shown(full)} ({type(exc).__name__}): run this where the run ran\n"]
+            continue
+        if line > len(source):
+            out += [head, f"# no patch: {shown(path)} has no line {line} now (edited since the run?)\n"]
+            continue
+        new, why = patch_line(source[line - 1], lk)
+        if new is None:
+            out += [head, f"# no patch: {shown_text(why)}\n"]
+            continue
+        rel = path if not os.path.isabs(path) else os.path.relpath(path, cwd or os.getcwd())
+        out += [head, f"# {shown_text(why)}", LinePatch(rel, line, source[line - 1], new, why).unified(source)]
+    if not out:
+        return "# no leaks: nothing to patch\n"
+    return "\n".join(x.rstrip("\n") for x in out) + "\n"
