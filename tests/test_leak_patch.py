@@ -5,6 +5,7 @@ script, makes the leak go away under ``memscope attach`` (never touching the use
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -86,3 +87,23 @@ def test_the_diff_applies_and_removes_the_leak(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     text = memscope("leaks", str(plain), "--diff").stdout
     assert "--- a/" not in text and "# no patch: its tensors carry no autograd graph" in text
+
+
+def test_whatif_fix_leak_reruns_a_patched_copy(tmp_path: Path) -> None:
+    """``whatif --try fix_leak``: the leak found, its storing line patched in a copy (the user's
+    file untouched), the copy rerun: the leak is gone and what it kept is saved."""
+    script = SCRIPTS / "leaky_gpt.py"
+    before = _digest(script)
+    out = memscope("whatif", "--try", "fix_leak", "--db-dir", str(tmp_path), "--json", str(script),
+                   "--leak", "callback")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)["fix_leak"]
+    (p,) = doc["patches"]
+    assert p["held_by"] == "__main__.kept_losses" and p["patched"] and p["gone"] is True
+    assert p["new"] == "    kept_losses.append(trainer.loss.item())"
+    assert doc["copy"] == str(tmp_path / "fix_leak" / "leaky_gpt.py") and _digest(script) == before
+    # the saving is what the leak kept: its bytes a step over the 11 steps after the first
+    saved = doc["kept_before"] - doc["kept_after"]
+    assert abs(saved - 11 * p["bytes_per_step"]) <= 0.15 * 11 * p["bytes_per_step"], (saved, p)
+    bad = memscope("whatif", "--try", "fix_leak,mixed_precision", str(script))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "on its own" in bad.stderr

@@ -16,6 +16,7 @@ from memscope.analysis.suggestions import checkpoint_plan_for, suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json
 from memscope.cli.errors import CliError
+from memscope.runners.fix_leak import MIN_STEPS, try_fix_leak
 from memscope.runners.script_estimate import run_recorded
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
@@ -29,7 +30,9 @@ _MEASURES = {"tensor_peak": "peak of live tensor bytes (exact, per step)",
 def register(parser: argparse.ArgumentParser) -> None:
     parser.usage = "memscope whatif [--try TECHNIQUE ...] [--steps N] [--db-dir DIR] [--json] SCRIPT.py [ARGS...]"
     parser.add_argument("--try", dest="techniques", action="append", default=[], metavar="TECHNIQUE",
-                        help=f"technique to try, repeatable ({', '.join(TECHNIQUES)}; default: all)")
+                        help=f"technique to try, repeatable ({', '.join(TECHNIQUES)}; default: all); "
+                             "fix_leak, on its own, patches the lines that stored the leaks in a copy "
+                             "of the script and reruns it")
     parser.add_argument("--steps", type=int, default=6, metavar="N",
                         help="steps per run (default %(default)s; at least 2)")
     parser.add_argument("--db-dir", metavar="DIR",
@@ -42,9 +45,12 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _techniques(words: list[str]) -> list[str]:
     chosen = [t for w in words for t in w.split(",") if t] or list(TECHNIQUES)
-    bad = [t for t in chosen if t not in TECHNIQUES]
+    known = (*TECHNIQUES, "fix_leak")
+    bad = [t for t in chosen if t not in known]
     if bad:
-        raise CliError(f"whatif: unknown technique {bad[0]!r}; known: {', '.join(TECHNIQUES)}")
+        raise CliError(f"whatif: unknown technique {bad[0]!r}; known: {', '.join(known)}")
+    if "fix_leak" in chosen and len(set(chosen)) > 1:
+        raise CliError("whatif: --try fix_leak is tried on its own (it reruns a patched copy of the script)")
     return list(dict.fromkeys(chosen))
 
 
@@ -87,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     stem = os.path.splitext(os.path.basename(args.script))[0]
     options = {"max_steps": args.steps, "layers_every": 1, "layers_first": 1, "inventory_every": 0,
                "tensor_peak": True}
+
+    if techniques == ["fix_leak"]:
+        return _fix_leak(args, workdir)
 
     def one(label: str, tries: list[str], plan: dict[str, Any] | None = None) -> Any:
         db = os.path.join(workdir, f"whatif-{stem}-{label}.db")
@@ -172,3 +181,43 @@ def render(script: str, steps: int, metric: str, comps: list[Comparison], note: 
                 lines.append(f"  {c.technique}: {parts}")
     lines.append(f"  run files: {workdir}")
     return "\n".join(lines)
+
+
+def _fix_leak(args: argparse.Namespace, workdir: str) -> int:
+    """``--try fix_leak``: baseline with inventories, the leaks' storing lines patched in a copy,
+    the copy rerun; what went away and what it saved."""
+    print(f"memscope whatif: fix_leak: {max(args.steps, MIN_STEPS)} steps of {args.script}, then a patched "
+          "copy ...", file=sys.stderr)
+    result, last = try_fix_leak(args.script, args.script_args, workdir, args.steps, {})
+    if result is None:
+        print(f"memscope: error: whatif: a fix_leak run failed ({_why(last)}): {last.last_error()} "
+              f"(log: {last.log})", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"schema": "memscope.whatif/1", "script": args.script, "fix_leak": result.as_json()},
+                         indent=2))
+        return 0
+    lines = [f"what-if fix_leak: {args.script}, {result.steps} steps per run"]
+    if result.note:
+        lines.append(f"  {result.note}")
+    for p in result.patched:
+        lk = p.leak
+        what = f"leak {shown_text(lk.held_by or 'unknown')}: +{human_bytes(lk.bytes_per_step)}/step"
+        if p.path is None:
+            lines.append(f"  {what}: not patched: {shown_text(p.why)}")
+            continue
+        after = "gone" if result.gone(lk) else "STILL THERE"
+        lines.append(f"  {what}: {after} after patching {shown_text(p.path)}:{p.line}")
+        lines.append(f"    - {shown_text(p.old.strip())}")
+        lines.append(f"    + {shown_text(p.new.strip())}")
+    if result.kept_before is not None and result.kept_after is not None:
+        lines.append(f"  alive at the last inventory (tensors, what their graphs keep): "
+                     f"{human_bytes(result.kept_before)} → {human_bytes(result.kept_after)} "
+                     f"(saves {_saving(result.kept_before - result.kept_after, result.kept_before)} "
+                     f"in {result.steps} steps, and more the longer it runs)")
+    if result.copy:
+        lines.append(f"  patched copy: {result.copy} (your files are unchanged; memscope leaks --diff "
+                     "prints the patch)")
+    lines.append(f"  run files: {workdir}")
+    print("\n".join(lines))
+    return 0 if result.trial is None or all(result.gone(p.leak) for p in result.patched if p.path) else 1

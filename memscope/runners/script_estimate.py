@@ -76,17 +76,22 @@ class ChildRun:
 
 
 def run_recorded(script: str, script_args: Sequence[str], db: str,
-                 options: dict[str, Any]) -> ChildRun:
+                 options: dict[str, Any], extra_path: str | None = None) -> ChildRun:
     """Run ``python SCRIPT ARGS`` under the agent into a fresh run file ``db``; the child's
-    output goes to ``db`` with ``.log`` instead of ``.db``, not to this terminal."""
+    output goes to ``db`` with ``.log`` instead of ``.db``, not to this terminal.
+    ``extra_path``: a directory the child finds modules in after the script's own (a patched
+    copy's original directory)."""
     opts = AgentOptions.from_mapping(options)
     command = [sys.executable, script, *script_args]
     prepare_path(db, force=True)
     create_run(db, ["python", script, *script_args])
     log = os.path.splitext(db)[0] + ".log"
+    env = child_environment(db, opts.to_json(), command)
+    if extra_path:
+        env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + extra_path
     with open(log, "w") as out:
         try:
-            proc = subprocess.run(command, env=child_environment(db, opts.to_json(), command),
+            proc = subprocess.run(command, env=env,
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         except OSError as exc:
             finish_run(db, exit_code=127, signal=None)

@@ -1,0 +1,142 @@
+"""``memscope whatif --try fix_leak SCRIPT``: find the leaks, patch the lines that stored them in a
+copy of the script, rerun the copy, and measure what the fix saves. The user's files are read,
+never written: the copy lives in the run files' directory, and the script's own directory stays
+on ``sys.path`` behind it (its sibling modules import as before; one of them that holds a storing
+line is copied, patched, beside the script and found first)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from memscope.analysis.leak_patch import patch_line, split_site
+from memscope.analysis.leaks import Leak
+from memscope.analysis.summary import summarize
+from memscope.analysis.whatif import Measure, measure
+from memscope.constants import NODE_BYTES
+from memscope.runners.script_estimate import ChildRun, run_recorded
+from memscope.store.reader import RunReader
+
+MIN_STEPS = 12  # a leak is reported with its storing line by step 7
+
+
+@dataclass
+class Patched:
+    leak: Leak
+    path: str | None = None  # the file patched (as in the site), None: not patched
+    line: int = 0
+    old: str = ""
+    new: str = ""
+    why: str = ""
+
+
+@dataclass
+class FixLeakTrial:
+    steps: int
+    baseline: Measure
+    trial: Measure | None
+    patched: list[Patched] = field(default_factory=list)
+    after: list[Leak] = field(default_factory=list)  # leaks of the patched run
+    kept_before: int | None = None  # what the last inventory saw alive (tensors, graphs, nodes)
+    kept_after: int | None = None
+    copy: str | None = None  # the patched script
+    note: str | None = None
+
+    def gone(self, lk: Leak) -> bool:
+        return not any(a.held_by == lk.held_by and a.shape == lk.shape and a.grad_fn == lk.grad_fn
+                       for a in self.after)
+
+    def as_json(self) -> dict[str, Any]:
+        def saving(a: int | None, b: int | None) -> int | None:
+            return a - b if a is not None and b is not None else None
+
+        return {"technique": "fix_leak", "steps": self.steps, "copy": self.copy, "note": self.note,
+                "patches": [{"held_by": p.leak.held_by, "site": p.leak.site, "bytes_per_step": p.leak.bytes_per_step,
+                             "patched": p.path is not None, "old": p.old.rstrip("\n") or None,
+                             "new": p.new or None, "why": p.why, "gone": self.gone(p.leak) if self.trial else None}
+                            for p in self.patched],
+                "kept_before": self.kept_before, "kept_after": self.kept_after,
+                "tensor_peak_before": self.baseline.tensor_peak,
+                "tensor_peak_after": self.trial.tensor_peak if self.trial else None,
+                "measured_saving_bytes": saving(self.baseline.tensor_peak,
+                                                self.trial.tensor_peak if self.trial else None)}
+
+
+def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: int,
+                 options: dict[str, Any]) -> tuple[FixLeakTrial | None, ChildRun]:
+    """Baseline, patch, trial. Returns (None, the failed run) when a run fails."""
+    steps = max(steps, MIN_STEPS)
+    opts = {**options, "max_steps": steps}
+    stem = os.path.splitext(os.path.basename(script))[0]
+    base = run_recorded(script, script_args, os.path.join(workdir, f"whatif-{stem}-baseline.db"), opts)
+    if not base.ok:
+        return None, base
+    with RunReader(base.db) as reader:
+        baseline = measure(reader)
+        leaks = summarize(reader).leaks
+        kept = last_inventory_bytes(reader)
+    result = FixLeakTrial(steps, baseline, None, kept_before=kept)
+    if not leaks:
+        result.note = f"no leak found in {steps} steps: nothing to fix"
+        return result, base
+    shadow = os.path.join(workdir, "fix_leak")
+    os.makedirs(shadow, exist_ok=True)
+    home = os.path.dirname(os.path.abspath(script))
+    copies: dict[str, list[str]] = {}  # absolute path of a file -> its lines, patched so far
+    for lk in leaks:
+        p = Patched(lk)
+        result.patched.append(p)
+        where = split_site(lk.site) if lk.site else None
+        if where is None:
+            p.why = "the line that stored it is not known"
+            continue
+        path, line = where
+        full = os.path.abspath(path)
+        if os.path.dirname(full) != home:
+            p.why = f"{path} is not beside the script: patch it by hand (memscope leaks --diff)"
+            continue
+        try:
+            lines = copies.get(full) or open(full, encoding="utf-8").readlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            p.why = f"cannot read {path}: {type(exc).__name__}"
+            continue
+        if line > len(lines):
+            p.why = f"{path} has no line {line}"
+            continue
+        new, why = patch_line(lines[line - 1], lk)
+        p.why = why
+        if new is None:
+            continue
+        p.path, p.line, p.old, p.new = path, line, lines[line - 1], new
+        lines[line - 1] = new + "\n"
+        copies[full] = lines
+    if not copies:
+        result.note = "no storing line could be patched"
+        return result, base
+    copy = os.path.join(shadow, os.path.basename(script))
+    shutil.copyfile(script, copy)
+    for full, lines in copies.items():
+        with open(os.path.join(shadow, os.path.basename(full)), "w", encoding="utf-8") as f:
+            f.writelines(lines)
+    result.copy = copy
+    trial = run_recorded(copy, script_args, os.path.join(workdir, f"whatif-{stem}-fix_leak.db"), opts,
+                         extra_path=home)
+    if not trial.ok:
+        return None, trial
+    with RunReader(trial.db) as reader:
+        result.trial = measure(reader)
+        result.after = summarize(reader).leaks
+        result.kept_after = last_inventory_bytes(reader)
+    return result, trial
+
+
+def last_inventory_bytes(reader: RunReader) -> int | None:
+    """What the run's last tensor inventory saw alive: tensor bytes, the bytes its graphs saved
+    and their nodes (at ``NODE_BYTES``, an estimate), the measure a leak grows."""
+    rows = reader.query("SELECT bytes, graph_bytes, graph_nodes FROM inventories ORDER BY step DESC LIMIT 1")
+    if not rows:
+        return None
+    r = rows[0]
+    return int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + int(r["graph_nodes"] or 0) * NODE_BYTES
