@@ -169,7 +169,8 @@ def test_verdict_at_every_length(run: Run, tmp_path: Path) -> None:
 def test_detached_list_for_5000_steps(tmp_path: Path) -> None:
     case = CASES["detached_list"]
     run = _attach(case, tmp_path / "long.db", 5000)
-    assert run.inventory_steps[-1] >= 5000 - 5000 // 16 - 1
+    # the interval is step // 16, stretched by the 1% budget on a busy machine: within two
+    assert run.inventory_steps[-1] >= 5000 - 2 * (5000 // 16)
     lk = _reported(run, 4999)
     assert lk is not None and lk.site == case.site and lk.bytes_per_step == 32 * 256 * 4
     first = next(s for s in run.inventory_steps if _reported(run, s) is not None)

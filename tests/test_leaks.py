@@ -157,7 +157,7 @@ def example_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
     case, db, report = example_run
     assert report["leak_check"] == {"inventories": report["leak_check"]["inventories"], "needed": 4,
-                                    "verdict": "ok"}
+                                    "verdict": "ok", "last_inventory_step": 39, "last_step": 39}
     (lk,) = report["leaks"]
     assert lk["held_by"] == case["held_by"]
     assert lk["site"] == case["site"]
@@ -257,7 +257,8 @@ def test_never_none_without_looking(tmp_path: Path) -> None:
     attach(db, LEAKS / "detached_list.py", "--steps", "4")  # inventories 0-3: 2 after warm-up
     report = report_json(db)
     assert report["leaks"] == []
-    assert report["leak_check"] == {"inventories": 2, "needed": 4, "verdict": "insufficient"}
+    assert report["leak_check"] == {"inventories": 2, "needed": 4, "verdict": "insufficient",
+                                    "last_inventory_step": 3, "last_step": 3}
     for out in (memscope("leaks", str(db)).stdout, memscope("report", str(db)).stdout):
         assert "none" not in out and "not enough inventories to tell" in out
         assert "2 of the 4 inventories a verdict needs from step 2 on: run at least 6 steps" in out
@@ -278,7 +279,8 @@ def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     doc = json.loads(out.stdout)
     assert doc["inventoried_steps"] == [0, 2, 4, 6, 8, 10]
     assert (doc["from"], doc["to"]) == (0, 10)
-    assert doc["leak_check"] == {"inventories": 5, "needed": 4, "verdict": "ok"}
+    assert doc["leak_check"] == {"inventories": 5, "needed": 4, "verdict": "ok",
+                                 "last_inventory_step": 10, "last_step": 11}
     top = doc["diff"][0]
     assert top["shape"] == [32, 256] and top["count_delta"] == 10
     assert top["bytes_delta"] == 10 * 32 * 256 * 4

@@ -372,6 +372,8 @@ def _memory(r: OomReport) -> list[Fact]:
         if d.get("host_total_bytes"):
             host += f" of {human_bytes(d['host_total_bytes'])}"
         full.append(host)
+    if d.get("vms") is not None and (limit is None or limit["kind"] != "RLIMIT_AS"):  # that line says it
+        full.append(f"virtual size {human_bytes(d['vms'])}")
     if full:
         lines.append(("", " · ".join(full)))
     if limit is not None and limit["kind"] != "host_memory":  # the machine's share is said above
