@@ -83,6 +83,8 @@ VOLATILE: list[tuple[str, re.Pattern[str]]] = [
     # host RSS holds the interpreter, torch and the C allocator's cache: it moves by MiBs
     ("RSS", re.compile(r"[\d.]+ [KMGT]?i?B(?= host RSS)|(?<=host RSS at step )\d+|(?<=peak's step )\d+"
                        r"|(?<= · other )[\d.]+ [KMGT]?i?B|(?<=^ {2}other {14})[\d.]+ [KMGT]?i?B")),
+    # the process's virtual size moves with the interpreter's and torch's mappings, as RSS does
+    ("VMS", re.compile(r"(?<=virtual size )[\d.]+ [KMGT]?i?B")),
     # the machine's memory, and its RSS-derived share
     ("MACHINE", re.compile(r"\d+% of the machine's [\d.]+ [KMGT]?i?B")),
     # rows of `memscope diff` that are host RSS or wall time through and through
