@@ -65,6 +65,7 @@ class Agent:
         self.proc_id: int | None = None
         self.running = False
         self.samples = 0
+        self._sampled_at = 0.0  # when the last sample was taken
         self.device = "cpu"
         self._lock = threading.Lock()
         # The sampler thread and the training thread (at step boundaries) both take samples;
@@ -282,6 +283,11 @@ class Agent:
         (an NVML reading can take milliseconds)."""
         if not self.running:
             return
+        if not wait and time.time() - self._sampled_at < 0.5 / self.options.sample_hz:
+            # steps far shorter than the sampling interval: the step row's own reading at this
+            # boundary (end_rss, the step's peak) stands for it; a sample per boundary of 2,000
+            # steps a second cost a /proc read and a row each
+            return
         if not self._tick_lock.acquire(blocking=wait):
             return
         try:
@@ -290,7 +296,7 @@ class Agent:
             self._tick_lock.release()
 
     def _sample_once(self) -> None:
-        t = time.time()
+        t = self._sampled_at = time.time()
         rss = self._process.memory_info().rss
         with self._lock:
             self._rss_peak.observe(rss)
