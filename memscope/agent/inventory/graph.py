@@ -56,6 +56,7 @@ class GraphWalker:
         self.keep: list[Any] = []  # node wrappers seen, so their ids stay unique
         self.nodes = 0
         self.truncated = False
+        self.last_charged: list[int] = []  # storages the last walk() charged
 
     def inner(self, starts: list[Any]) -> set[int]:
         """ids of the nodes some other node of these graphs points to (bounded)."""
@@ -86,6 +87,7 @@ class GraphWalker:
         tensor's storage address (a node saving its own output charges nothing)."""
         total = 0
         nodes = 0
+        self.last_charged = []
         todo = [fn]
         while todo:
             node = todo.pop()
@@ -134,6 +136,7 @@ class GraphWalker:
             if ptr == own or ptr in self.excluded or ptr in self.charged:
                 return 0
             self.charged.add(ptr)
+            self.last_charged.append(ptr)
             return int(s.nbytes())
         except Exception:
             return 0

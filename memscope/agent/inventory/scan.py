@@ -270,13 +270,15 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
     A leak that keeps a graph per step (``cache[step] = logits``) has as many roots of one kind
     as steps so far: walking them all makes each inventory cost more than the last. Of a kind
     (shape, dtype, grad_fn type) with more than ``GRAPH_SAMPLE`` roots, a spread sample is walked
-    and, when backward has freed what they saved (the sample saves nothing), the rest are charged
-    the sample's median of nodes (roots of one kind are the same code's graphs; a chain whose
-    newest root reaches every older one charges the older ones nothing, and so does the median).
-    Graphs that still save tensors are all walked: the live tensors they save must be found."""
+    and, unless those graphs save tensors that are alive in Python too, the rest are charged the
+    sample's median of saved bytes and nodes (roots of one kind are the same code's graphs; a
+    chain whose newest root reaches every older one charges the older ones nothing, and so does
+    the median). Graphs that save live tensors are all walked: those tensors must be found in
+    them, not counted again on their own."""
     roots = [(key, t, fn) for key, _, t, fn in rows if fn is not None]
     if not roots:
         return {}, set()
+    live = {key for key, _, _, _ in rows}  # storages of live tensors (those a graph may save)
     kinds: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
     for key, t, fn in roots:
         kinds.setdefault((type(fn), t.shape, t.dtype), []).append((key, fn))
@@ -295,14 +297,18 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
     walker = GraphWalker(fixed)
     charged: dict[int, tuple[int, int]] = {}
 
-    def walk(key: int, fn: Any) -> None:
+    saves_live = [0] * len(rest)  # roots of a big kind's sample that saved a live tensor
+
+    def walk(key: int, fn: Any) -> bool:
+        """Walk one root; whether it saved a live tensor's storage."""
         try:
             b, n = walker.walk(fn, key)
         except Exception:
-            return
+            return False
         if b or n:
             pb, pn = charged.get(key, (0, 0))
             charged[key] = (pb + b, pn + n)
+        return any(p in live for p in walker.last_charged)
 
     try:
         inner = walker.inner([fn for _, fn, _ in walked])
@@ -319,28 +325,31 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
         for key, fn, kind in walked:
             if walker.truncated:
                 break
-            walk(key, fn)
+            saved_live = walk(key, fn)
             if kind < 0:
                 continue
+            saves_live[kind] += saved_live
             left[kind] -= 1
             if left[kind]:
                 continue
             others, sample = rest[kind]
-            got = [charged.get(k, (0, 0)) for k in sample]
-            if any(g[0] for g in got):
-                # the sample's graphs still hold saved tensors (retain_graph, or no backward yet):
-                # all of the kind are walked now, before inner roots, so that the live tensors
-                # they save are theirs (exact)
+            if 2 * saves_live[kind] > len(sample):
+                # the sample's graphs each save tensors of their own that are alive in Python too
+                # (retain_graph, or no backward yet; not one weight they all save): all of the
+                # kind are walked now, before inner roots, so that those tensors are counted in
+                # their graphs, not on their own (exact)
                 for k, f in others:
                     if walker.truncated:
                         break
                     walk(k, f)
                 continue
-            n = int(statistics.median(g[1] for g in got))  # nodes only: backward freed the rest
-            if n:
+            got = [charged.get(k, (0, 0)) for k in sample]
+            b = int(statistics.median(g[0] for g in got))
+            n = int(statistics.median(g[1] for g in got))
+            if b or n:
                 for k, _ in others:
                     pb, pn = charged.get(k, (0, 0))
-                    charged[k] = (pb, pn + n)
+                    charged[k] = (pb + b, pn + n)
         inv.truncated = inv.truncated or walker.truncated
         return charged, set(walker.charged)
     finally:
