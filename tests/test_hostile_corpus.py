@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
+import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -209,3 +211,31 @@ def test_chrome_export_and_errors_are_inert(files: dict[str, Path], capsys: pyte
 def test_trap_dir_untouched(files: dict[str, Path]) -> None:
     assert list(files["trap"].iterdir()) == []
     assert HUGE_LEN == 1 << 20
+
+
+def test_html_in_a_real_browser_has_no_element_made_by_the_data(
+        files: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The pages as Chromium builds them (its own parser, scripts run): the elements and
+    attributes of the hostile runs' DOM are among those of the clean runs' DOM."""
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
+                if shutil.which(n)), None)
+    if exe is None:
+        pytest.skip("no chromium binary (apt-get install chromium; make test installs it)")
+
+    def dom(page: Path) -> str:
+        out = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                              f"--user-data-dir={tmp_path / 'profile'}", page.resolve().as_uri()],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "<body" in out.stdout, out.stderr[-500:]
+        return out.stdout
+
+    reference = _Tags()
+    for db, name in ((files["clean"], "clean"), (runs.ROOT / "tests/tui/data/oom.sqlite", "oom")):
+        _html(capsys, db, files["base"] / f"b-{name}.html")
+        reference.feed(dom(files["base"] / f"b-{name}.html"))
+    for which in ("attached", "edited"):
+        _html(capsys, files[which], files["base"] / f"b-{which}.html")
+        page = dom(files["base"] / f"b-{which}.html")
+        tags = _Tags()
+        tags.feed(page)
+        assert tags.seen <= reference.seen, tags.seen - reference.seen
