@@ -4,8 +4,9 @@ injected into a tiny GPT trained the way karpathy's makemore / minGPT / ng-video
 and the verdict is taken as a run ending at each inventory would get it (the agent cannot know
 how long a run will be: a run's first N steps are an N-step run). Checked at 20, 60, 200 and
 1,000 steps and at every inventory in between: the leak, once reported, stays reported with its
-holder and the line that stored it, at a rate within 30% of what tests/leaktruth/truth.py
-measures without memscope; the clean runs report nothing. detached_list also runs 5,000 steps.
+holder and the line that stored it, at the rate tests/leaktruth/truth.py measures without
+memscope (within 2%; 30% for a leak that grows only at evaluations); the clean runs report
+nothing. detached_list also runs 5,000 steps.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class Case:
     steps: int = 1000
     truth_steps: tuple[int, int] = (10, 30)
     first_by: int = 8  # reported (with holder) by this step
+    # bytes and nodes per step against the truth: counts agree exactly on every leak that grows
+    # every step (measured: 0.3% on the nodes of 155 kept GPT graphs, sampled); a leak that grows
+    # every 30 steps has a rate that depends on where the run ends between two evaluations
+    tolerance: float = 0.02
     extra: list[str] = field(default_factory=list)
 
 
@@ -66,7 +71,7 @@ CASES: dict[str, Case] = {
     "gpt_callback": Case(GPT, ["--leak", "callback"], "__main__.kept_losses",
                          _line(GPT, "kept_losses.append(trainer.loss)"), steps=400),
     "gpt_eval": Case(GPT, ["--leak", "eval"], "__main__.eval_outputs", None, steps=400,
-                     truth_steps=(10, 70), first_by=95),
+                     truth_steps=(10, 70), first_by=95, tolerance=0.3),
     "gpt_total": Case(GPT, ["--leak", "total"], "__main__.Trainer.run.<locals>.total_loss",
                       _line(GPT, "total_loss += self.loss"), steps=400),
     "healthy": Case(LEAKS / "healthy.py", [], None),
@@ -157,9 +162,9 @@ def test_verdict_at_every_length(run: Run, tmp_path: Path) -> None:
         nodes = leak.graph_nodes_per_step
         tensor_bytes = leak.bytes_per_step - nodes * NODE_BYTES
         if t["bytes"] > 64:  # a tensor leak: its bytes (nodes are a memscope estimate, left out)
-            assert abs(tensor_bytes - t["bytes"]) <= 0.3 * t["bytes"], (length, tensor_bytes, t)
+            assert abs(tensor_bytes - t["bytes"]) <= case.tolerance * t["bytes"], (length, tensor_bytes, t)
         if t["nodes"] >= 1:
-            assert abs(nodes - t["nodes"]) <= 0.3 * t["nodes"], (length, nodes, t)
+            assert abs(nodes - t["nodes"]) <= case.tolerance * t["nodes"], (length, nodes, t)
     # the report at the end says the same
     report = report_json(run.db)
     assert [lk["held_by"] for lk in report["leaks"]] == [case.held_by], report["leaks"]

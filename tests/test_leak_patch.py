@@ -104,6 +104,6 @@ def test_whatif_fix_leak_reruns_a_patched_copy(tmp_path: Path) -> None:
     assert doc["copy"] == str(tmp_path / "fix_leak" / "leaky_gpt.py") and _digest(script) == before
     # the saving is what the leak kept: its bytes a step over the 11 steps after the first
     saved = doc["kept_before"] - doc["kept_after"]
-    assert abs(saved - 11 * p["bytes_per_step"]) <= 0.15 * 11 * p["bytes_per_step"], (saved, p)
+    assert abs(saved - 11 * p["bytes_per_step"]) <= 0.02 * 11 * p["bytes_per_step"], (saved, p)  # 0.1% measured
     bad = memscope("whatif", "--try", "fix_leak,mixed_precision", str(script))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "on its own" in bad.stderr
