@@ -143,7 +143,7 @@ def test_verdict_at_every_length(run: Run, tmp_path: Path) -> None:
         assert wrong == {}, f"a clean run reported leaks at steps {sorted(wrong)[:8]}: {list(wrong.values())[:2]}"
         assert report_json(run.db)["leaks"] == []
         return
-    steps = [s for s in run.inventory_steps]
+    steps = run.inventory_steps
     verdicts = {s: _reported(run, s) for s in steps}
     first = next(s for s in steps if verdicts[s] is not None)
     assert first <= case.first_by, first

@@ -545,12 +545,11 @@ class _LineTracer:
         still unstored and alive: the line that keeps them is in a caller (``history.append(loss)``
         in the training loop), so its frame is traced next, from its next line on."""
         cands = [c for c in self.cands if c.stored is None and c.ref() is not None]
-        if not cands or caller is None or not self.owner._tracing:
+        if not cands or not self.owner._tracing:
             return
-        if _user_frame(caller) is not caller:  # torch's own frames (Module._call_impl): skip out
-            caller = _user_frame(caller)
-            if caller is None:
-                return
+        caller = _user_frame(caller)  # out of torch's own frames (Module._call_impl)
+        if caller is None:
+            return
         for c in cands:
             c.baseline = c.last_line = None  # the caller's next line sets what holds it then
         tracer = caller.f_trace

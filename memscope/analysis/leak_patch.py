@@ -48,6 +48,13 @@ def split_site(site: str) -> tuple[str, int] | None:
     return (path, int(line)) if path and line.isdigit() and int(line) > 0 else None
 
 
+def patch_source(lines: list[str], line: int, leak: Leak) -> tuple[str | None, str]:
+    """The patched line ``line`` (from 1) of a file's ``lines``, or None and why not."""
+    if not 0 < line <= len(lines):
+        return None, f"the file has no line {line} now (edited since the run?)"
+    return patch_line(lines[line - 1], leak)
+
+
 def patch_line(text: str, leak: Leak) -> tuple[str | None, str]:
     """(the patched line, why) or (None, why not) for the line ``text`` that stored ``leak``."""
     if not leak.grad_fn:

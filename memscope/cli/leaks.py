@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from memscope.analysis.leak_patch import LinePatch, patch_line, split_site
+from memscope.analysis.leak_patch import LinePatch, patch_source, split_site
 from memscope.analysis.leaks import GroupDiff, Leak, LeakCheck, describe, diff, fix_how, inventory_steps
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.unexplained import UnexplainedGrowth
@@ -186,10 +186,7 @@ def patches(leaks: list[Leak], cwd: str | None) -> str:
         except (OSError, UnicodeDecodeError) as exc:
             out += [head, f"# no patch: cannot read {shown(full)} ({type(exc).__name__}): run this where the run ran\n"]
             continue
-        if line > len(source):
-            out += [head, f"# no patch: {shown(path)} has no line {line} now (edited since the run?)\n"]
-            continue
-        new, why = patch_line(source[line - 1], lk)
+        new, why = patch_source(source, line, lk)
         if new is None:
             out += [head, f"# no patch: {shown_text(why)}\n"]
             continue

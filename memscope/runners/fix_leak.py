@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from memscope.analysis.leak_patch import patch_line, split_site
+from memscope.analysis.leak_patch import patch_source, split_site
 from memscope.analysis.leaks import Leak
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Measure, measure
@@ -97,15 +97,15 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         if os.path.dirname(full) != home:
             p.why = f"{path} is not beside the script: patch it by hand (memscope leaks --diff)"
             continue
-        try:
-            lines = copies.get(full) or open(full, encoding="utf-8").readlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            p.why = f"cannot read {path}: {type(exc).__name__}"
-            continue
-        if line > len(lines):
-            p.why = f"{path} has no line {line}"
-            continue
-        new, why = patch_line(lines[line - 1], lk)
+        lines = copies.get(full)
+        if lines is None:
+            try:
+                with open(full, encoding="utf-8") as f:
+                    lines = f.readlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                p.why = f"cannot read {path}: {type(exc).__name__}"
+                continue
+        new, why = patch_source(lines, line, lk)
         p.why = why
         if new is None:
             continue
