@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from memscope.agent.inventory import LiveTensors, Schedule, Suspects, take_inventory
 from memscope.agent.inventory.holders import clear_frame_snapshots
+from memscope.agent.heap import malloc_in_use
 from memscope.agent.leak_sites import SiteCapture
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class LeakCollector:
             return
         self._gc_state()
         try:
+            heap = malloc_in_use()  # before the scan's own objects: what the training holds
             inv = take_inventory(self.live, agent.optimizers(), self.suspects.to_search)
             self.suspects.update(step, inv)
         except Exception as exc:
@@ -99,7 +101,7 @@ class LeakCollector:
             "proc": proc, "step": step, "tensors": inv.tensors, "bytes": inv.bytes,
             "graph_bytes": inv.graph_bytes, "graph_nodes": inv.graph_nodes,
             "duration_s": inv.duration_s, "truncated": int(inv.truncated), "full": int(inv.full),
-            "level": level})
+            "level": level, "heap": heap})
         for (cat, dtype, shape, device, rg, fn), g in inv.groups.items():
             agent.insert("inventory_groups", {
                 "proc": proc, "step": step, "category": cat, "dtype": dtype,

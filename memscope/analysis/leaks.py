@@ -2,8 +2,9 @@
 
 Pure functions over ``inventories`` / ``inventory_groups`` / ``leak_holders`` rows (no torch).
 A group is one signature (category, dtype, shape, device, requires_grad, grad_fn type); its size
-at an inventory is ``bytes + graph_bytes + graph_nodes x NODE_BYTES`` (saved tensors and retained
-autograd nodes its graphs keep alive), 0 when absent.
+at an inventory is ``bytes + graph_bytes + graph_nodes x node bytes`` (saved tensors and retained
+autograd nodes its graphs keep alive; a node's bytes measured on the run where it can be,
+:mod:`~memscope.analysis.node_cost`), 0 when absent.
 
 The verdict (``growth``) looks at the inventories from ``WARMUP_STEPS`` on (lazy optimizer state
 appears in steps 0 and 1), and needs ``MIN_INVENTORIES`` of them (``leak_check`` says when a run
@@ -30,7 +31,8 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from memscope.constants import NODE_BYTES, WARMUP_STEPS
+from memscope.analysis.node_cost import ESTIMATE, NodeCost, node_cost
+from memscope.constants import WARMUP_STEPS
 from memscope.units import human_bytes
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class Leak:
     created_at: str | None = None  # where the tensors were made (``site``: where they are kept)
     every: float = 1.0  # typical steps between its rises (1: every step)
     saved_bytes_per_step: int = 0  # of bytes_per_step: tensors its graphs still save for backward
+    node_cost: NodeCost = ESTIMATE  # what each retained autograd node is counted at
 
     @property
     def kind(self) -> str:
@@ -91,7 +94,8 @@ class Leak:
                 "first_step": self.first_step, "last_step": self.last_step,
                 # additive to memscope.report/1
                 "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step,
-                "created_at": self.created_at, "grows_every_steps": self.every}
+                "created_at": self.created_at, "grows_every_steps": self.every,
+                "node_bytes": self.node_cost.bytes, "node_bytes_measured": self.node_cost.measured}
 
 
 @dataclass
@@ -244,9 +248,10 @@ def _rate(a: Point, z: Point) -> Growth:
 
 # -- series from rows ----------------------------------------------------------------------------
 
-def series(steps: Sequence[int], rows: Iterable[dict[str, Any]]) -> dict[Sig, list[Point]]:
+def series(steps: Sequence[int], rows: Iterable[dict[str, Any]],
+           node_bytes: int = ESTIMATE.bytes) -> dict[Sig, list[Point]]:
     """Per signature, (step, size, count, graph nodes, saved bytes) at every inventory step (0 if
-    absent)."""
+    absent); a retained node counts ``node_bytes``."""
     by: dict[Sig, dict[int, tuple[int, int, int, int]]] = {}
     for r in rows:
         sig = tuple(r[c] for c in SIG_COLUMNS)
@@ -254,14 +259,15 @@ def series(steps: Sequence[int], rows: Iterable[dict[str, Any]]) -> dict[Sig, li
         nodes = int(r.get("graph_nodes") or 0)
         saved = int(r["graph_bytes"] or 0)
         b, c, n, g = d.get(r["step"], (0, 0, 0, 0))
-        d[r["step"]] = (b + int(r["bytes"] or 0) + saved + nodes * NODE_BYTES,
+        d[r["step"]] = (b + int(r["bytes"] or 0) + saved + nodes * node_bytes,
                         c + int(r["count"] or 0), n + nodes, g + saved)
     return {sig: [(s, *d.get(s, (0, 0, 0, 0))) for s in steps] for sig, d in by.items()}
 
 
 def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
-               holders: Iterable[dict[str, Any]] = ()) -> list[Leak]:
-    """Leaks from one process's inventory rows, most bytes per step first."""
+               holders: Iterable[dict[str, Any]] = (), cost: NodeCost = ESTIMATE) -> list[Leak]:
+    """Leaks from one process's inventory rows, most bytes per step first; retained autograd
+    nodes count ``cost`` bytes each."""
     # holder rows come from two places: the holder search (held_by) and creation-site capture
     # (site, module; schema 4); the first non-null value of each field wins
     held: dict[Sig, dict[str, Any]] = {}
@@ -272,7 +278,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
             if d[f] is None and h.get(f) is not None:
                 d[f] = h[f]
     out: list[Leak] = []
-    for sig, pts in series(steps, rows).items():
+    for sig, pts in series(steps, rows, cost.bytes).items():
         if sig[0] == "optimizer_state":
             continue  # the optimizer's own, bounded by its settings (LBFGS's history_size)
         g = growth(pts)
@@ -286,7 +292,8 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         first_step=g.first_step, last_step=g.last_step, grad_fn=sig[5],
                         created_at=h.get("created_at"), every=g.every,
                         saved_bytes_per_step=int(round(max(g.saved_per_step, 0))),
-                        bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3)))
+                        bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3),
+                        node_cost=cost))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
 
@@ -319,7 +326,7 @@ def leaks_of(reader: "RunReader", proc: int | None) -> list[Leak]:
     steps = inventory_steps(reader, proc)
     rows = reader.query("SELECT * FROM inventory_groups WHERE proc = ?", (proc,))
     holders = reader.query("SELECT * FROM leak_holders WHERE proc = ? ORDER BY step", (proc,))
-    return find_leaks(steps, rows, holders)
+    return find_leaks(steps, rows, holders, node_cost(reader, proc))
 
 
 def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
@@ -370,7 +377,7 @@ def diff(reader: "RunReader", proc: int, a: int, b: int) -> list[GroupDiff]:
     """Groups whose bytes or counts changed between inventories ``a`` and ``b``, largest change
     first (bytes include graph bytes and retained nodes)."""
     rows = reader.query("SELECT * FROM inventory_groups WHERE proc = ? AND step IN (?, ?)", (proc, a, b))
-    ser = series([a, b], rows)
+    ser = series([a, b], rows, node_cost(reader, proc).bytes)
     out = []
     for sig, ((_, ba, ca, _na, _ga), (_, bb, cb, _nb, _gb)) in ser.items():
         if ba == bb and ca == cb:
@@ -411,8 +418,8 @@ def _graph_kept(leak: Leak) -> str:
         return (f"each kept tensor keeps its autograd graph ({nodes}) and the activations it saved "
                 f"for backward ({human_bytes(leak.saved_bytes_per_step)} a step) alive")
     if leak.graph_nodes_per_step > 0:
-        return (f"each kept tensor keeps its autograd graph alive ({nodes}, estimated at "
-                f"{NODE_BYTES} bytes a node; backward already freed the activations it saved)")
+        return (f"each kept tensor keeps its autograd graph alive ({nodes}, "
+                f"{leak.node_cost.phrase()}; backward already freed the activations it saved)")
     return "a tensor with a grad_fn keeps its autograd graph alive"
 
 
@@ -435,8 +442,7 @@ def suggestions(leaks: Sequence[Leak], steps: int) -> list[dict[str, Any]]:
     out = []
     for lk in leaks:
         if lk.kind == "graph":
-            grows = (f"{describe(lk)}, about {human_bytes(lk.bytes_per_step)}/step (estimated at "
-                     f"{NODE_BYTES} bytes a node)")
+            grows = f"{describe(lk)}, about {human_bytes(lk.bytes_per_step)}/step ({lk.node_cost.phrase()})"
         else:
             grows = (f"{describe(lk)} grows by {human_bytes(lk.bytes_per_step)}/step "
                      f"({lk.tensors_per_step:g} tensors/step)")

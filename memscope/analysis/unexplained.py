@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from memscope.constants import NODE_BYTES, WARMUP_STEPS
+from memscope.analysis.node_cost import node_cost
+from memscope.constants import WARMUP_STEPS
 from memscope.units import human_bytes
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def _tensor_rate(reader: "RunReader", proc: int, first: int, last: int) -> float
     nodes = "coalesce(graph_nodes, 0)" if "graph_nodes" in cols else "0"
     rows = reader.query(f"SELECT step, bytes + graph_bytes + {nodes} * ? AS size FROM inventories "
                         "WHERE proc = ? AND step >= ? AND step <= ? ORDER BY step",
-                        (NODE_BYTES, proc, first, last))
+                        (node_cost(reader, proc).bytes, proc, first, last))
     if len(rows) < 2 or rows[-1]["step"] <= rows[0]["step"]:
         return 0.0
     return float((rows[-1]["size"] - rows[0]["size"]) / (rows[-1]["step"] - rows[0]["step"]))

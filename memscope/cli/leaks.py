@@ -14,7 +14,7 @@ from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.unexplained import UnexplainedGrowth
 from memscope.analysis.workers import WorkerGrowth
 from memscope.cli.errors import CliError
-from memscope.constants import NODE_BYTES, WARMUP_STEPS
+from memscope.constants import WARMUP_STEPS
 from memscope.display import shown, shown_text
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
@@ -140,7 +140,7 @@ def none_line(check: LeakCheck) -> str:
 def leak_lines(lk: Leak) -> list[str]:
     if lk.kind == "graph":
         head = (f"LEAK  {shown_text(describe(lk))}: ~{human_bytes(lk.bytes_per_step)}/step "
-                f"(estimated at {NODE_BYTES} bytes a node), steps {lk.first_step}–{lk.last_step}")
+                f"({lk.node_cost.phrase()}), steps {lk.first_step}–{lk.last_step}")
     else:
         head = (f"LEAK  {shown_text(describe(lk))}: +{human_bytes(lk.bytes_per_step)}/step, "
                 f"{lk.tensors_per_step:g} tensors/step, steps {lk.first_step}–{lk.last_step}")

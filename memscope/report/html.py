@@ -22,7 +22,6 @@ from memscope.analysis.oom_limits import profile_hint
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, memory_timeline
-from memscope.constants import NODE_BYTES
 from memscope.report.format import breakdown_source, clock
 from memscope.display import shown_text
 from memscope.units import human_bytes
@@ -269,7 +268,7 @@ def _leaks(s: RunSummary) -> str:
     parts = ["<h2>Leaks</h2>"]
     if s.leaks:
         rows = [[esc(describe(lk)), esc(("~" if lk.kind == "graph" else "") + human_bytes(lk.bytes_per_step)
-                     + (f" (estimated at {NODE_BYTES} bytes a node)" if lk.kind == "graph" else "")),
+                     + (f" ({lk.node_cost.phrase()})" if lk.kind == "graph" else "")),
                  esc(f"{lk.tensors_per_step:g}"), esc(f"{lk.first_step}–{lk.last_step}"),
                  esc(lk.held_by), esc(lk.site), esc(_leak_module(lk.module)), esc(fix_how(lk))]
                 for lk in s.leaks]

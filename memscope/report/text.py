@@ -8,7 +8,6 @@ from memscope.analysis.oom import ABSURD_REQUEST
 from memscope.analysis.oom_limits import limit_line
 from memscope.analysis.hotspots import Hotspot, micro_batch_note
 from memscope.analysis.leaks import describe
-from memscope.constants import NODE_BYTES
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
@@ -90,8 +89,8 @@ def render_leaks(s: RunSummary) -> list[str]:
     out = []
     for lk in s.leaks[:3]:
         per_step = ("~" if lk.kind == "graph" else "+") + human_bytes(lk.bytes_per_step) + "/step"
-        if lk.kind == "graph":  # nodes counted, bytes a node not: say it is an estimate
-            per_step += f" (estimated at {NODE_BYTES} bytes a node)"
+        if lk.kind == "graph":  # nodes counted; bytes a node measured on the run, or estimated
+            per_step += f" ({lk.node_cost.phrase()})"
         out.append(f"leak      {shown_text(describe(lk))}: {per_step}, held by "
                    f"{shown(lk.held_by or 'unknown')} (memscope leaks RUN.db)")
     if len(s.leaks) > 3:

@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 from memscope.analysis.leak_patch import patch_source, split_site
 from memscope.analysis.leaks import Leak
+from memscope.analysis.node_cost import node_cost
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Measure, measure
-from memscope.constants import NODE_BYTES
 from memscope.runners.script_estimate import ChildRun, run_recorded
 from memscope.store.reader import RunReader
 
@@ -134,9 +134,10 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
 
 def last_inventory_bytes(reader: RunReader) -> int | None:
     """What the run's last tensor inventory saw alive: tensor bytes, the bytes its graphs saved
-    and their nodes (at ``NODE_BYTES``, an estimate), the measure a leak grows."""
-    rows = reader.query("SELECT bytes, graph_bytes, graph_nodes FROM inventories ORDER BY step DESC LIMIT 1")
+    and their nodes (at what a node cost on that run, or the estimate), the measure a leak grows."""
+    rows = reader.query("SELECT proc, bytes, graph_bytes, graph_nodes FROM inventories ORDER BY step DESC LIMIT 1")
     if not rows:
         return None
     r = rows[0]
-    return int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + int(r["graph_nodes"] or 0) * NODE_BYTES
+    each = node_cost(reader, int(r["proc"])).bytes
+    return int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + int(r["graph_nodes"] or 0) * each

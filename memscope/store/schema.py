@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -227,9 +227,17 @@ ALTER TABLE leak_holders ADD COLUMN created_at TEXT;
 """
 
 
+# Version 9 (issue #20, graph-node leaks): what an autograd node costs is measured on the run
+_V9 = """
+-- inventories.heap: bytes glibc's malloc had handed out at the inventory (NULL: not glibc);
+-- the retained nodes' cost a node is the heap's growth, less host tensors', over the nodes' growth
+ALTER TABLE inventories ADD COLUMN heap INTEGER;
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

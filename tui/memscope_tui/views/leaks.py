@@ -11,7 +11,6 @@ from textual.widgets import DataTable, Static
 
 from memscope.analysis.leaks import GroupDiff, Leak
 from memscope.analysis.summary import RunSummary
-from memscope.constants import NODE_BYTES
 from memscope.units import human_bytes
 from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
@@ -27,7 +26,7 @@ def leak_line(lk: Leak) -> Text:
     text.append("LEAK ", style="bold red")
     if lk.kind == "graph":
         text.append(f"~{human_bytes(lk.bytes_per_step)}/step", style="bold")
-        text.append(f" (estimated at {NODE_BYTES} bytes a node)")
+        text.append(f" ({lk.node_cost.phrase()})")
         text.append(shown_text(f" autograd graph kept by {lk.category} {lk.dtype} {lk.shape}"
                                f" ({lk.grad_fn}), {lk.graph_nodes_per_step:g} nodes/step"))
     else:
