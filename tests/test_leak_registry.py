@@ -184,3 +184,34 @@ def test_after_fork_drops_the_hook(live: LiveTensors) -> None:
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
     assert live._hook in gc.callbacks  # the parent keeps its registry
+
+
+def test_saved_tensors_a_walk_read_are_not_taken_for_live_ones(live: LiveTensors, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a saved tensor gives it a Python object that torch keeps while its graph lives;
+    the registry finds it at the next collection. It stays graph memory: the next inventory
+    counts the same tensors and bytes, and still walks a sample of a big kind, not every graph."""
+    from memscope.agent.inventory import graph, scan
+
+    w = torch.randn(64, requires_grad=True)
+    kept = [w.sin().cos() for _ in range(200)]  # cos saves sin's output: held by no Python code
+    walks = []
+    real_walk = graph.GraphWalker.walk
+
+    def counting(self: graph.GraphWalker, fn: object, own: int) -> tuple[int, int]:
+        walks.append(1)
+        return real_walk(self, fn, own)
+
+    monkeypatch.setattr(graph.GraphWalker, "walk", counting)
+    gc.collect()
+    first = take_inventory(live, [])
+    gc.collect()  # the saved tensors the first walk read are registered now
+    walks.clear()
+    second = take_inventory(live, [])
+    assert len(walks) == scan.GRAPH_SAMPLE
+    assert (second.tensors, second.bytes, second.graph_bytes, second.graph_nodes) == \
+        (first.tensors, first.bytes, first.graph_bytes, first.graph_nodes)
+    (cos,) = [g for sig, g in second.groups.items() if sig[5] == "CosBackward0"]
+    # each graph saves sin's output (64 floats); w, which they all save, is charged once; nodes:
+    # 200 cos, 200 sin and w's AccumulateGrad
+    assert cos.count == 200 and cos.graph_bytes == 200 * 64 * 4 + 64 * 4 and cos.graph_nodes == 401
+    del kept

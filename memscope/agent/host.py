@@ -38,6 +38,10 @@ class CollectorHost(Protocol):
     def optimizers(self) -> list[Any]:
         """The optimizers seen so far (strong references only for the call's duration)."""
 
+    def graph_saved_ids(self) -> set[int]:
+        """ids of the tensor objects the agent's own saved-tensor hooks handed autograd and that
+        are still saved (a kept graph holds them through a Python reference)."""
+
     def rss(self) -> int:
         """This process's resident set size now, in bytes."""
 

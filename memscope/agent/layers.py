@@ -196,6 +196,9 @@ class LayerProfiler:
         # live saved storages: key -> [alias count, nbytes]; weakrefs keep their callbacks alive
         self._live: dict[tuple[int, int], list[int]] = {}
         self._refs: set[weakref.ReferenceType[Any]] = set()
+        # every alias still saved, past the end of its step (a graph the script keeps): for the
+        # inventory, which must not take them for loose tensors; emptied as they die
+        self._aliases: dict[int, weakref.ReferenceType[Any]] = {}
         self.live_bytes = 0
         self.max_live = 0
         # backward timing: per counted call [stats, start, end]; handles of the node hooks
@@ -710,6 +713,8 @@ class LayerProfiler:
             # and version counter, no grad_fn) has no such cycle; it dies with the graph.
             saved = t.detach()
             ref = weakref.ref(saved, cb)
+            key_id = id(saved)
+            self._aliases[key_id] = weakref.ref(saved, lambda _r, k=key_id: self._aliases.pop(k, None))
             with self._lock:
                 self._refs.add(ref)
                 entry = self._live.get(key)
@@ -748,6 +753,11 @@ class LayerProfiler:
         except Exception:
             pass
         return t
+
+    def saved_alias_ids(self) -> set[int]:
+        """ids of the aliases ``_pack`` returned that autograd still keeps (for the inventory:
+        an alias no Python code holds is graph memory, not a loose tensor)."""
+        return {k for k, ref in list(self._aliases.items()) if ref() is not None}
 
     @runtime_only
     def _released(self, key: tuple[int, int]) -> Callable[[Any], None]:

@@ -86,8 +86,12 @@ class LeakCollector:
             return
         self._gc_state()
         try:
+            # a tracer's f_locals snapshot on a frame of the loop keeps an old step's batch
+            # referenced: it would be counted as a loose tensor of the script's
+            clear_frame_snapshots()
             heap = malloc_in_use()  # before the scan's own objects: what the training holds
-            inv = take_inventory(self.live, agent.optimizers(), self.suspects.to_search)
+            inv = take_inventory(self.live, agent.optimizers(), self.suspects.to_search,
+                                 graph_saved=agent.graph_saved_ids())
             self.suspects.update(step, inv)
         except Exception as exc:
             self._inventory_failed(exc)

@@ -264,6 +264,9 @@ class Agent:
     def optimizers(self) -> list[Any]:
         return list(self._tracker.optimizers)
 
+    def graph_saved_ids(self) -> set[int]:
+        return self._layers.saved_alias_ids()
+
     def rss(self) -> int:
         return int(self._process.memory_info().rss)
 

@@ -5,8 +5,10 @@ tensors: the inventories count the nodes, and the agent reads the bytes glibc's 
 out (``inventories.heap``) at each. Over the later half of the run's inventories, the heap's
 growth less the growth of host tensor bytes (CPU tensors live on the same heap), regressed on the
 node count, is the cost of a node on this run. Where that cannot be measured — no heap readings
-(not glibc), too few nodes gained, or a slope no node can have (other allocations moved with
-them) — the estimate ``NODE_BYTES`` is used and the text says "estimated".
+(not glibc), too few nodes gained, host tensors growing as much as the nodes (each tensor also
+costs heap beyond its bytes — its TensorImpl, malloc's rounding — which the slope would charge
+to the nodes), or a slope no node can have (other allocations moved with them) — the estimate
+``NODE_BYTES`` is used and the text says "estimated".
 
 Measured against glibc's own count on a loop run without memscope
 (``tests/scripts/graph_malloc.py``): 710 bytes a node for ``examples/leaks/total_loss.py``.
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 MIN_NODES = 100  # nodes gained over the window: fewer, and heap noise swamps them
 MIN_POINTS = 3
+TENSOR_SHARE = 0.5  # host tensor growth above this share of the nodes' (at NODE_BYTES): not measured
 PLAUSIBLE = (48, 16384)  # bytes a node: a node with no saved variables to one with many
 
 
@@ -58,7 +61,7 @@ def measure(points: Sequence[Point]) -> NodeCost:
     xs = [float(p[2]) for p in late]
     ys = [float(p[1] or 0) - float(p[3]) for p in late]
     gained = xs[-1] - xs[0]
-    if gained < MIN_NODES:
+    if gained < MIN_NODES or late[-1][3] - late[0][3] > TENSOR_SHARE * gained * NODE_BYTES:
         return ESTIMATE
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)

@@ -152,16 +152,12 @@ class LiveTensors:
         for t in young:
             self._register(refs, t, None)
         young.clear()
-        out: list[Any] = []
-        dead: list[int] = []
-        for k, r in refs.items():
-            t = r()
-            if t is None:
-                dead.append(k)
-            else:
-                out.append(t)
-        for k in dead:
-            del refs[k]
+        got = [r() for r in refs.values()]  # comprehensions: 100k tensors a time
+        out = [t for t in got if t is not None]  # (not ``None in got``: that calls Tensor.__eq__)
+        if len(out) < len(got):  # dead ones: forget them
+            for k in [k for k, r in refs.items() if r() is None]:
+                del refs[k]
+        got.clear()
         return out
 
     @staticmethod

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -29,6 +30,7 @@ import torch
 from memscope.agent.inventory.graph import GraphWalker
 from memscope.agent.inventory.holders import find_holders
 from memscope.agent.inventory.live import LiveTensors
+from memscope.agent.inventory.preserved import preserved_refs
 from memscope.agent.optimizer_state import optimizer_state_tensors
 from memscope.agent.unseen import unseen
 
@@ -100,15 +102,19 @@ class _Counter:
         raw = (category, t.dtype, t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
         g = self.groups.get(raw)
         if g is None:
-            g = self.groups[raw] = Group()
-            if self.suspects and _text_signature(raw) in self.suspects:
-                self.samples[raw] = []
+            g = self.new_group(raw)
         g.count += 1
         g.bytes += nbytes
         if self.samples:
             lst = self.samples.get(raw)
             if lst is not None:
                 lst.append(t)
+        return g
+
+    def new_group(self, raw: tuple[Any, ...]) -> Group:
+        g = self.groups[raw] = Group()
+        if self.suspects and _text_signature(raw) in self.suspects:
+            self.samples[raw] = []
         return g
 
 
@@ -133,9 +139,11 @@ def _from_optimizers(optimizers: Iterable[Any]) -> list[tuple[str, Any]]:
 @unseen
 def take_inventory(live: LiveTensors | None, optimizers: Iterable[Any],
                    suspects: set[Signature] | frozenset[Signature] = frozenset(),
-                   walk_graphs: bool = True) -> Inventory:
+                   walk_graphs: bool = True, graph_saved: set[int] | frozenset[int] = frozenset()) -> Inventory:
     """Scan the live tensors (``live=None``: a one-off registry, i.e. a full walk). For each
-    signature in ``suspects``, also look for who holds one of its tensors (``Inventory.holders``)."""
+    signature in ``suspects``, also look for who holds one of its tensors (``Inventory.holders``).
+    ``graph_saved``: ids of tensor objects a saved-tensors hook gave autograd (the layer
+    profiler's aliases): held by their graph, they are not live unless something else holds them."""
     t0 = time.perf_counter()
     c0 = time.thread_time()
     # The scan makes a tuple or two per tensor: with the collector on, that many allocations
@@ -144,7 +152,7 @@ def take_inventory(live: LiveTensors | None, optimizers: Iterable[Any],
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        inv = _take(live, optimizers, suspects, walk_graphs, t0)
+        inv = _take(live, optimizers, suspects, walk_graphs, t0, graph_saved)
         inv.cpu_s = max(time.thread_time() - c0 - inv.search_cpu_s, 0.0)
         return inv
     finally:
@@ -153,7 +161,8 @@ def take_inventory(live: LiveTensors | None, optimizers: Iterable[Any],
 
 
 def _take(live: LiveTensors | None, optimizers: Iterable[Any],
-          suspects: set[Signature] | frozenset[Signature], walk_graphs: bool, t0: float) -> Inventory:
+          suspects: set[Signature] | frozenset[Signature], walk_graphs: bool, t0: float,
+          graph_saved: set[int] | frozenset[int]) -> Inventory:
     inv = Inventory()
     if live is None:
         live = LiveTensors()
@@ -179,8 +188,13 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
         known.clear()
         fixed = set(seen)  # parameters, gradients, optimizer state: never charged to a graph
         append = rows.append
+        # objects torch preserved for tensors only a graph holds (preserved.py): not live
+        limit = preserved_refs() or 0
+        refcount = sys.getrefcount
         for t in tensors:  # the hot loop (every live tensor): inline, about a microsecond each
             try:
+                if refcount(t) <= limit and (t._use_count() > 1 or (graph_saved and id(t) in graph_saved)):
+                    continue  # only its graph holds it (a hook's alias: one Python reference, autograd's)
                 s = t.untyped_storage()
                 ptr = s.data_ptr()
                 if not ptr:  # meta, empty
@@ -192,19 +206,30 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
                     counter.count("parameters", t, int(s.nbytes()), t.grad_fn)
                     fixed.add(ptr)
                 else:
-                    append((ptr, int(s.nbytes()), t, t.grad_fn))
+                    append((ptr, s.nbytes(), t, t.grad_fn))
             except Exception:  # sparse, wrapper subclasses, fake tensors: not counted
                 continue
         del s
         tensors.clear()
-        charged, graph_keys = _walk_graphs(rows, fixed, inv) if walk_graphs else ({}, set())
-        for key, nbytes, t, fn in rows:
+        charged, graph_keys = _walk_graphs(rows, fixed, seen, inv) if walk_graphs else ({}, set())
+        groups, samples = counter.groups, counter.samples
+        for key, nbytes, t, fn in rows:  # counter.count inlined: the second hot loop
             if key in graph_keys and key not in charged:
                 continue  # saved by a live graph: in its root's graph_bytes
             try:
-                g = counter.count("other" if fn is None else "activations", t, nbytes, fn)
+                raw = ("other", t.dtype, t.shape, t.device, t.requires_grad, None) if fn is None else \
+                      ("activations", t.dtype, t.shape, t.device, t.requires_grad, type(fn))
             except Exception:
                 continue
+            g = groups.get(raw)
+            if g is None:
+                g = counter.new_group(raw)
+            g.count += 1
+            g.bytes += nbytes
+            if samples:
+                lst = samples.get(raw)
+                if lst is not None:
+                    lst.append(t)
             extra = charged.get(key)
             if extra:
                 g.graph_bytes += extra[0]
@@ -262,7 +287,7 @@ def _pick(lst: list[Any]) -> list[Any]:
     return picked
 
 
-def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
+def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int], live: set[int],
                  inv: Inventory) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """Saved bytes and nodes per root storage; storages saved by some graph. Outermost roots
     (grad_fns no other live graph reaches) are walked first.
@@ -274,11 +299,11 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int],
     sample's median of saved bytes and nodes (roots of one kind are the same code's graphs; a
     chain whose newest root reaches every older one charges the older ones nothing, and so does
     the median). Graphs that save live tensors are all walked: those tensors must be found in
-    them, not counted again on their own."""
+    them, not counted again on their own. ``live``: storages of every live tensor seen (``fixed``
+    among them, which the walker never charges)."""
     roots = [(key, t, fn) for key, _, t, fn in rows if fn is not None]
     if not roots:
         return {}, set()
-    live = {key for key, _, _, _ in rows}  # storages of live tensors (those a graph may save)
     kinds: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
     for key, t, fn in roots:
         kinds.setdefault((type(fn), t.shape, t.dtype), []).append((key, fn))
