@@ -713,8 +713,7 @@ class LayerProfiler:
             # and version counter, no grad_fn) has no such cycle; it dies with the graph.
             saved = t.detach()
             ref = weakref.ref(saved, cb)
-            key_id = id(saved)
-            self._aliases[key_id] = weakref.ref(saved, lambda _r, k=key_id: self._aliases.pop(k, None))
+            self._aliases[id(saved)] = weakref.ref(saved, self._alias_gone(id(saved)))
             with self._lock:
                 self._refs.add(ref)
                 entry = self._live.get(key)
@@ -758,6 +757,13 @@ class LayerProfiler:
         """ids of the aliases ``_pack`` returned that autograd still keeps (for the inventory:
         an alias no Python code holds is graph memory, not a loose tensor)."""
         return {k for k, ref in list(self._aliases.items()) if ref() is not None}
+
+    def _alias_gone(self, key: int) -> Callable[[Any], None]:
+        aliases = self._aliases
+
+        def gone(_ref: Any) -> None:
+            aliases.pop(key, None)
+        return gone
 
     @runtime_only
     def _released(self, key: tuple[int, int]) -> Callable[[Any], None]:
