@@ -163,5 +163,5 @@ def middle(text: str, width: int) -> str:
         if tail and len(head) + len(tail) >= width * 2 // 3:  # enough of it kept whole
             return head + tail
     keep = width - 1                    # cells left beside the ellipsis; the tail names the leaf
-    front = keep // 3
+    front = max(keep // 3, 1) if keep >= 2 else 0
     return text[:front] + "…" + text[len(text) - (keep - front):]
