@@ -8,6 +8,7 @@ in ``?`` help."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,31 @@ async def test_every_key_is_in_help(peft_run: Path) -> None:
     assert len({k for k, _ in keys}) > 40  # the enumeration found the widgets' keys, not just the app's
     assert re.search(r"^← →\s+scroll sideways", text, re.M)  # → scrolls a wide table (the issue's case)
     assert {view.TITLE for _, view in VIEWS} <= tokens
+
+
+async def test_hostile_names_at_80x24(tmp_path: Path) -> None:
+    """The hostile corpus (markup, escapes, wide characters, 10,000-character names) as module
+    names and types at 80x24: the saved column stays, every figure whole."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
+    import runs
+
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    victim = tmp_path / "victim.csv"
+    victim.write_text("precious\n")
+    db = runs.edited(tmp_path, trap, victim)
+    con = sqlite3.connect(db)
+    with con:  # and a name of wide characters (two cells each) at the top of the table
+        step, proc = con.execute("SELECT max(step), min(proc) FROM layer_stats").fetchone()
+        con.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, saved_tensors, "
+                    "output_bytes, forward_s) VALUES (?, ?, ?, ?, 1, ?, 1, 1, 0.001)",
+                    (proc, step, "模型." * 12 + "注意力", "注意力层", 2 * 10**9))
+    con.close()
+    app = MemscopeApp(str(db))
+    async with app.run_test(size=SMALL) as pilot:
+        await loaded(pilot, app, "2")
+        table = app.query_one("#layer-table", DataTable)
+        header, rows = assert_rows_whole(app, table)
+        assert cells(header)[:4] == ["module", "type", "saved", "share"] and len(rows) > 5

@@ -115,7 +115,7 @@ def fit_columns(columns: list[tuple[str, str]], rows: list[list[Any]], width: in
     (:func:`shorten_cells`)."""
     shrink = shrink or {}
     keys = [key for _, key in columns]
-    full = [max([len(columns[i][0])] + [len(cell_text(r[i])) for r in rows]) + 2
+    full = [max([cell_len(columns[i][0])] + [cell_len(cell_text(r[i])) for r in rows]) + 2
             for i in range(len(columns))]
     if sum(full) <= width:
         return list(range(len(columns))), {}
@@ -145,10 +145,15 @@ def shorten_cells(cells: list[Any], narrow: dict[int, int]) -> list[Any]:
     for i, cells_wide in narrow.items():
         cell = out[i]
         text = cell_text(cell)
-        if len(text) > cells_wide:
+        if cell_len(text) > cells_wide:
             style = cell.style if isinstance(cell, Text) else ""
             justify = cell.justify if isinstance(cell, Text) else None
-            out[i] = Text(middle(text, cells_wide), style=style, justify=justify)
+            short = middle(text, cells_wide)
+            for fewer in range(cells_wide - 1, 0, -1):  # wide characters (中文) take two cells
+                if cell_len(short) <= cells_wide:
+                    break
+                short = middle(text, fewer)
+            out[i] = Text(short, style=style, justify=justify)
     return out
 
 
