@@ -239,3 +239,33 @@ async def test_hostile_names_at_80x24(tmp_path: Path) -> None:
         table = app.query_one("#layer-table", DataTable)
         header, rows = assert_rows_whole(app, table)
         assert cells(header)[:4] == ["module", "type", "saved", "share"] and len(rows) > 5
+
+
+async def test_more_leaks_than_fit_are_counted(tmp_path: Path) -> None:
+    """Eight leaks (tests/scripts/leak_holders.py) at 80x24: the verdicts show whole leak lines
+    and then how many more there are, within their five lines; nothing is cut."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "holders.db"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
+                          "tests/scripts/leak_holders.py", "12"], cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    app = MemscopeApp(str(db))
+    async with app.run_test(size=SMALL) as pilot:
+        await loaded(pilot, app, "3")
+        snap = app.snapshot
+        assert snap is not None and len(snap.summary.leaks) >= 6
+        verdicts = app.query_one("#verdicts", Static)
+        drawn = screen(app)[verdicts.region.y:verdicts.region.bottom]
+        assert 3 <= len(drawn) <= 5
+        text = " ".join(line.strip() for line in drawn)
+        shown = text.count("LEAK ")
+        assert 1 <= shown < len(snap.summary.leaks)
+        more = len(snap.summary.leaks) - shown
+        assert drawn[-1].strip() == f"+{more} more leaks: memscope leaks RUN.db lists all"
+        for lk in snap.summary.leaks[:shown]:  # each shown leak whole, its storing line at the end
+            assert lk.site is not None and lk.site in text, lk.site
+        assert_no_figure_wrapped(screen(app))

@@ -19,7 +19,7 @@ from memscope_tui.views import View, matches
 from memscope_tui.widgets import (SelectionChanged, fill_table, fit_columns, keep_figures, plain, right,
                                    shorten_cells, table_room)
 
-VERDICT_LINES = 5  # the verdicts' share of the view (the rest is the diff table)
+VERDICT_LINES = 5  # the verdicts' share of the view: app.tcss #verdicts max-height (the rest is the diff)
 DIFF_COLUMNS = [("category", "cat"), ("dtype", "dtype"), ("shape", "shape"), ("grad_fn", "fn"),
                 ("tensors", "count"), ("Δ bytes", "delta"), ("now", "bytes")]
 # narrow (80 columns): shapes and grad_fn names are shortened from the middle (whole in the
