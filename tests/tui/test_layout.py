@@ -179,11 +179,13 @@ def _can_have_focus(widget: Widget) -> bool:
     return any(w.can_focus for w in (widget, *widget.walk_children(Widget)))
 
 
-async def test_every_key_is_in_help(peft_run: Path) -> None:
+@pytest.mark.parametrize("attached", [False, True])
+async def test_every_key_is_in_help(peft_run: Path, attached: bool) -> None:
     """Every binding of the app, of each screen and of each widget that can take the focus (the
     views, their tables and texts, the tab bar, the filter box, the help's own scroller) is
-    written in ? help, as the footer writes it (^c, ←, pgdn) or by its name."""
-    app = MemscopeApp(str(peft_run))
+    written in ? help, as the footer writes it (^c, ←, pgdn) or by its name; under
+    ``memscope attach`` (q and ctrl+c then mean other things) too."""
+    app = MemscopeApp(str(peft_run), attached=attached)
     async with app.run_test(size=SMALL) as pilot:
         await loaded(pilot, app, "2")
         keys = _bindings(app) + _bindings(app.screen)

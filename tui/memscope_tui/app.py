@@ -64,7 +64,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         views = " ".join(f"{i} {cls.TITLE}" for i, (_, cls) in enumerate(VIEWS, 1))
         hints = "\n".join(f"  {cls.TITLE:<11} {cls.HINT}" for _, cls in VIEWS if cls.HINT)
-        quit_line = ("q        close the dashboard (training goes on)\n"
+        quit_line = ("q        close the dashboard, training goes on (^q too)\n"
                      "ctrl+c   interrupt the training (as ^c would without the dashboard)\n"
                      if self.attached else "q        quit (^q and ctrl+c too)\n")
         with VerticalScroll(id="help"):
