@@ -142,3 +142,26 @@ def guarded_stdout() -> Iterator[None]:
     finally:
         if sys.stdout is writer:
             sys.stdout = original
+
+
+def middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, shortened from the middle so both ends stay (a dotted
+    module name keeps its first part and as many whole trailing parts as fit:
+    ``base_model.….c_attn.lora_A.default``). Shorten a string after :func:`shown`, never before."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:max(width, 0)]
+    parts = text.split(".")
+    if len(parts) > 2:
+        head, tail = parts[0] + ".…", ""
+        for part in reversed(parts[1:]):
+            grown = "." + part + tail
+            if len(head) + len(grown) > width:
+                break
+            tail = grown
+        if tail and len(head) + len(tail) >= width * 2 // 3:  # enough of it kept whole
+            return head + tail
+    keep = width - 1                    # cells left beside the ellipsis; the tail names the leaf
+    front = max(keep // 3, 1) if keep >= 2 else 0
+    return text[:front] + "…" + text[len(text) - (keep - front):]

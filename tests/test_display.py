@@ -62,3 +62,18 @@ def test_guarded_stdout_escapes_across_writes() -> None:
     with guarded_stdout():
         assert sys.stdout is not original
     assert sys.stdout is original
+
+
+def test_middle_keeps_both_ends() -> None:
+    from memscope.display import middle
+
+    name = "base_model.model.transformer.h.0.attn.c_attn.lora_A.default"
+    assert middle(name, len(name)) == name and middle("lm_head", 3) == "l…d"
+    for width in range(3, len(name)):
+        cut = middle(name, width)
+        head, tail = cut.split("…")
+        assert len(cut) <= width and head and tail and name.startswith(head) and name.endswith(tail), (width, cut)
+        assert len(cut) >= width * 2 // 3, (width, cut)  # most of the room is used
+    # dotted names keep whole trailing parts while they use most of the room
+    assert middle(name, 40) == "base_model.….attn.c_attn.lora_A.default"
+    assert middle("x" * 30, 10) == "xxx…xxxxxx"  # no dots: a third before, the rest after

@@ -96,3 +96,21 @@ def ddp_oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _attach(db, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "5",
             "--oom-rank", "1", "--oom-step", "2", ok=False)
     return db
+
+
+@pytest.fixture(scope="session")
+def peft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/scripts/peft_names.py --leak: a LoRA GPT with peft-length module names
+    (``base_model.model.transformer.h.0.attn.c_attn.lora_A.default``) that keeps every loss."""
+    db = tmp_path_factory.mktemp("tui") / "peft.db"
+    _attach(db, "--inventory-every", "2", "--layers-every", "2", "tests/scripts/peft_names.py",
+            "--steps", "10", "--leak")
+    return db
+
+
+@pytest.fixture(scope="session")
+def peft_oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model running out of memory at step 4 in a long-named LoRA layer."""
+    db = tmp_path_factory.mktemp("tui") / "peft-oom.db"
+    _attach(db, "tests/scripts/peft_names.py", "--steps", "10", "--oom-step", "4", ok=False)
+    return db

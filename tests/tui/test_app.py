@@ -4,6 +4,7 @@ run files."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -139,10 +140,15 @@ async def test_follows_a_live_run_until_it_ends(tmp_path: Path) -> None:
         while not (db.exists() and _steps(db) >= 2):
             assert time.monotonic() < deadline and proc.poll() is None, "the run did not start"
             time.sleep(0.1)
-        app = MemscopeApp(str(db), poll_s=0.2)
+        # attached, as under `memscope attach`: the status line's longest form
+        app = MemscopeApp(str(db), poll_s=0.2, attached=True)
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_until(pilot, lambda: app.loads >= 1)
             assert app.live and text_of(app, "#status").startswith("live · ")
+            # at 80 columns the live status line is whole: the read time and both keys, no "…"
+            drawn = app.screen._compositor.render_strips()[app.query_one("#state").region.y].text.rstrip()
+            assert re.fullmatch(r" live · read \d+ ms/0.2 s · q: close, training goes on · ctrl\+c: interrupt",
+                                drawn), drawn
             assert "now step " in text_of(app, "#device")  # the step being sampled now
             first = app.snapshot
             assert first is not None

@@ -47,6 +47,14 @@ def test_views_of_a_leaking_run(snap_compare: Any, key: str) -> None:
     assert snap_compare(app, press=[key], terminal_size=SIZE, run_before=loaded())
 
 
+@pytest.mark.parametrize("key", ["2", "3"])
+def test_views_of_a_peft_run(snap_compare: Any, key: str) -> None:
+    """peft-length module names at 80x24: Layers keeps saved and share, names cut in the middle,
+    the highlighted row in full under the table; Leaks keeps its verdict and diff whole."""
+    app = MemscopeApp(str(DATA / "peft.sqlite"), now=frozen_clock)
+    assert snap_compare(app, press=[key], terminal_size=SIZE, run_before=loaded())
+
+
 def test_leaks_view_light_theme(snap_compare: Any) -> None:
     app = MemscopeApp(str(DATA / "leaky.sqlite"), now=frozen_clock)
     assert snap_compare(app, press=["3"], terminal_size=SIZE, run_before=loaded("textual-light"))

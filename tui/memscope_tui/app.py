@@ -20,7 +20,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.timer import Timer
@@ -36,7 +36,7 @@ from memscope_tui.views.oom import OomView
 from memscope_tui.views.overview import OverviewView, run_state
 from memscope_tui.views.ranks import RanksView
 from memscope_tui.views.suggestions import SuggestionsView
-from memscope_tui.widgets import SelectionChanged, StepRuler
+from memscope_tui.widgets import SelectionChanged, StepRuler, state_line
 
 __all__ = ["HelpScreen", "MemscopeApp", "StepRuler", "run_app"]
 
@@ -51,7 +51,9 @@ VIEWS: list[tuple[str, type[View]]] = [
 
 
 class HelpScreen(ModalScreen[None]):
-    """The keys, over the dashboard; any of escape, q or ? closes it."""
+    """Every key that does something, over the dashboard; any of escape, q or ? closes it.
+    tests/tui/test_layout.py checks that each binding of the app, its screens and its widgets is
+    listed here (as Textual's footer writes it: ^c for ctrl+c, ← for left)."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
 
@@ -62,25 +64,41 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         views = " ".join(f"{i} {cls.TITLE}" for i, (_, cls) in enumerate(VIEWS, 1))
         hints = "\n".join(f"  {cls.TITLE:<11} {cls.HINT}" for _, cls in VIEWS if cls.HINT)
-        quit_line = ("q        close the dashboard (training goes on)\n"
-                     "ctrl+c   interrupt the training (as ^C would without the dashboard)\n"
-                     if self.attached else "q        quit\n")
-        with Vertical(id="help"):
-            yield Static("[b]memscope keys[/b]", id="help-title")
+        quit_line = ("q        close the dashboard, training goes on (^q too)\n"
+                     "ctrl+c   interrupt the training (as ^c would without the dashboard)\n"
+                     if self.attached else "q        quit (^q and ctrl+c too)\n")
+        with VerticalScroll(id="help"):
+            yield Static("[b]memscope keys[/b] [dim](↑ ↓ scroll this, escape closes it)[/dim]",
+                         id="help-title")
             yield Static(
                 quit_line +
                 "r        refresh now\n"
-                "m        next memory metric (CUDA allocated/reserved/peak, host RSS, NVML)\n"
-                "/        filter the tables (escape clears)\n"
+                "m        next memory metric (CUDA allocated/reserved/peak, RSS, NVML)\n"
+                "/        filter the tables (⏎ keeps the filter, escape clears it)\n"
                 "?        this help\n"
                 "1-7      switch view (or a click on its tab):\n"
                 f"  {views}\n"
-                f"{hints}\n\n"
+                f"{hints}\n"
+                "[b]moving[/b]\n"
+                "↑ ↓ pgup pgdn        rows of a table (shown in full under it), text lines\n"
+                "home end ^home ^end  first / last row\n"
+                "← →                  scroll sideways; on the tab bar: view before/after\n"
+                "^pgup ^pgdn          a page sideways\n"
+                "tab shift+tab        move the focus (the view, the tab bar)\n"
+                "^p                   command palette (theme, screenshot, keys)\n"
+                "super+c              copy the selected text\n"
+                "[b]in the filter box[/b]\n"
+                "← → ^← ^→ home end ^a ^e       move the cursor\n"
+                "shift+← shift+→ shift+^← shift+^→ shift+home shift+end shift+^a  select\n"
+                "⌫ del ^w ^d ^u ^k alt+⌫ ^⌫ super+⌫  delete (a word, to the start/end)\n"
+                "^x ^v super+c                       cut, paste, copy\n\n"
                 "The timeline shows each time bucket's maximum; ticks under it mark step\n"
-                f"ends. A run still being written refreshes every {POLL_S:g} s.\n"
-                "[dim]escape closes this[/dim]",
+                f"ends. A run still being written refreshes every {POLL_S:g} s.",
                 id="help-body", markup=True,
             )
+
+    def on_mount(self) -> None:
+        self.query_one("#help", VerticalScroll).focus()  # ↑ ↓ scroll the help at 24 lines
 
 
 class MemscopeApp(App[int]):
@@ -229,19 +247,29 @@ class MemscopeApp(App[int]):
             view.show(snap, self.filter_text)
         s = snap.summary
         state = run_state(s)
-        parts = [shown(state)]
+        parts = [(shown(state), shown(state))]
+        squeeze = None
         if self.live:  # the refresh cost; a finished run is read once (and snapshots stay fixed)
-            parts.append(f"read in {snap.read_s * 1000:.0f} ms every {self.poll_s:g} s")
+            ms = f"{snap.read_s * 1000:.0f} ms"
+            parts.append((f"read in {ms} every {self.poll_s:g} s", f"read {ms}/{self.poll_s:g} s"))
         elif s.status == "abandoned":
-            parts.append("no process is left writing it: not refreshing")
+            parts.append(("no process is left writing it: not refreshing", "no writer left: not refreshing"))
         if self.filter_text:
-            parts.append(f"filter: {shown(self.filter_text)}")
+            squeeze = len(parts)
+            parts.append((f"filter: {shown(self.filter_text)}", f"/{shown(self.filter_text)}"))
         if self.attached and self.live:
-            parts.append("q closes the dashboard, training goes on · ctrl+c interrupts training")
-        self.query_one("#state", Static).update(Text(" · ".join(parts)))  # Text: never markup
+            parts.append(("q closes the dashboard, training goes on · ctrl+c interrupts training",
+                          "q: close, training goes on · ctrl+c: interrupt"))
+        line = self.query_one("#state", Static)
+        room = line.content_region.width or max(self.size.width - 2, 40)
+        line.update(Text(state_line(parts, room, squeeze)))  # Text: never markup
         tabs = self.query_one(TabbedContent)
         tabs.get_tab("oom").label = "6 OOM" + (" !" if s.oom is not None else "")
         tabs.get_tab("leaks").label = "3 Leaks" + (f" {len(s.leaks)}!" if s.leaks else "")
+
+    def on_resize(self) -> None:
+        if self.snapshot is not None:  # the status line's long or short forms
+            self._show(self.snapshot)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self._focus_view()

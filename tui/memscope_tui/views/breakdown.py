@@ -14,7 +14,7 @@ from memscope.analysis.views import BREAKDOWN_PARTS
 from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View
-from memscope_tui.widgets import SelectionChanged, bar, fill_table, right
+from memscope_tui.widgets import SelectionChanged, bar, fill_table, keep_figures, right
 
 PARTS = (*BREAKDOWN_PARTS, "other")
 
@@ -27,17 +27,14 @@ class BreakdownView(View):
         Binding("right_square_bracket", "step(1)", "Next step", show=False),
     ]
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.snap: Snapshot | None = None
-
     def compose(self) -> ComposeResult:
         yield Static("", id="breakdown-caption", classes="caption")
         yield DataTable(id="breakdown-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="fragmentation")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
-        self.snap = snap
+        self.snap, self.filter_text = snap, filter_text
+        wide = self.text_width()
         peak = snap.summary.peak
         at_peak = peak.breakdown
         bd = snap.breakdown
@@ -45,11 +42,11 @@ class BreakdownView(View):
         if at_peak is None and bd is None:
             caption.update(Text("no breakdown yet: it is measured in profiled steps", style="dim"))
         else:
-            caption.update(Text.assemble(
+            caption.update(keep_figures(Text.assemble(
                 "at peak ", (f"step {peak.step}", "bold"), f" ({human_bytes(peak.bytes)})",
                 *(() if bd is None else (" · and at ", (f"step {bd.step}", "bold"),
                                          f" ({human_bytes(bd.peak_bytes)}, measured in step "
-                                         f"{bd.source_step}) · [ ] step"))))
+                                         f"{bd.source_step}) · [ ] step"))), wide))
         columns = [("part", "part"), ("at peak", "peak"), ("share", "share"), ("", "bar")]
         if bd is not None:
             columns += [(f"step {bd.step}", "step"), ("share", "share2")]
@@ -72,13 +69,13 @@ class BreakdownView(View):
             box.update(Text("fragmentation: CUDA only (this run has no CUDA allocator samples)",
                             style="dim"))
         else:
-            box.update(Text.assemble(
+            box.update(keep_figures(Text.assemble(
                 ("fragmentation ", "bold"), f"at {frag.t:.1f}s, when most was reserved: ",
                 (human_bytes(frag.reserved), "bold"), " reserved, ", human_bytes(frag.allocated),
                 " allocated, ", (f"{human_bytes(frag.unused)} unused ({frag.ratio:.0%})",
                                  "bold red" if frag.ratio > 0.3 else "bold"),
                 f"; inactive split blocks {human_bytes(frag.inactive_split)}"
-                f"; allocator retries {frag.alloc_retries if frag.alloc_retries is not None else '-'}"))
+                f"; allocator retries {frag.alloc_retries if frag.alloc_retries is not None else '-'}"), wide))
 
     def action_step(self, delta: int) -> None:
         snap = self.snap

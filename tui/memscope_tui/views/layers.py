@@ -10,11 +10,13 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from memscope.analysis.hotspots import Hotspot
+from memscope.display import shown
 from memscope.names import module_label
 from memscope.units import short_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import SelectionChanged, bar, fill_table, fit_columns, right, plain
+from memscope_tui.widgets import (SelectionChanged, bar, fill_table, fit_columns, keep_figures, plain, right,
+                                   shorten_cells, table_room)
 
 # sort keys, cycled with s: (label, key function, the column it sorts by)
 SORTS: list[tuple[str, Any, str]] = [
@@ -28,8 +30,11 @@ COLUMNS = [("module", "module"), ("type", "type"), ("saved", "act"), ("share", "
            ("", "bar"), ("output", "out"), ("fwd ms", "time"), ("bwd ms", "btime"),
            ("calls", "calls")]
 # columns dropped first when the terminal is narrow (80x24): the bar, then calls...; the column
-# the table is sorted by is always kept
+# the table is sorted by is always kept, and so are saved and share (not in this list)
 OPTIONAL = ["time", "btime", "out", "calls", "bar"]
+# narrowed before any column is dropped: fewest cells (a long name is shortened from the middle;
+# the detail line under the table shows the highlighted row's full name and every figure)
+SHRINK = {"module": 30, "type": 10}
 
 
 class LayersView(View):
@@ -46,12 +51,12 @@ class LayersView(View):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sort_index = 0
-        self.snap: Snapshot | None = None
-        self.filter_text = ""
+        self.by_key: dict[str, Hotspot] = {}  # row key -> its hotspot, for the detail line
 
     def compose(self) -> ComposeResult:
         yield Static("no layer profile yet", id="layers-caption", classes="line")
         yield DataTable(id="layer-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="layer-detail", classes="caption")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
         self.snap, self.filter_text = snap, filter_text
@@ -73,14 +78,27 @@ class LayersView(View):
         spots = sorted((h for h in snap.layers if matches(filter_text, module_label(h.module, h.type), h.type)),
                        key=key)
         rows = [(h.module, _cells(h)) for h in spots]
+        self.by_key = {h.module: h for h in spots}
         priority = [column] + [c for c in OPTIONAL if c != column]
-        shown = fit_columns(COLUMNS, [cells for _, cells in rows], self.size.width or 80, priority)
-        fill_table(self.query_one("#layer-table", DataTable), [COLUMNS[i] for i in shown],
-                   [(k, [cells[i] for i in shown]) for k, cells in rows], self.drawn, "layers")
+        table = self.query_one("#layer-table", DataTable)
+        picked, narrow = fit_columns(COLUMNS, [cells for _, cells in rows],
+                                     table_room(table, self.size.width or 80), priority, SHRINK)
+        fill_table(table, [COLUMNS[i] for i in picked],
+                   [(k, [cells[i] for i in picked]) for k, cells in
+                    ((k, shorten_cells(cells, narrow)) for k, cells in rows)], self.drawn, "layers")
+        self._detail(table)
 
-    def on_resize(self) -> None:
-        if self.snap is not None:
-            self.show(self.snap, self.filter_text)
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._detail(event.data_table)
+
+    def _detail(self, table: DataTable[Any]) -> None:
+        """The highlighted row in full: its whole name and every figure, shown or not."""
+        box = self.query_one("#layer-detail", Static)
+        h = None
+        if table.row_count:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+            h = self.by_key.get(str(key))
+        box.update(Text() if h is None else keep_figures(detail_text(h), self.text_width()))
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         """A click on a column title sorts by it."""
@@ -111,6 +129,19 @@ class LayersView(View):
         i = snap.layer_steps.index(snap.layer_step) + delta
         if 0 <= i < len(snap.layer_steps):
             self.post_message(SelectionChanged(layer_step=snap.layer_steps[i]))
+
+
+def detail_text(h: Hotspot) -> Text:
+    """One module's row in full, for the line under the table (names are never shortened here)."""
+    text = Text()
+    text.append(shown("(model)" if h.module == "" else h.module), style="bold")
+    if h.type:
+        text.append(f" ({shown(h.type)})")
+    bwd = "-" if h.backward_s is None else f"{h.backward_s * 1000:.1f} ms"
+    text.append(f"\nsaved {short_bytes(h.activation_bytes)} ({h.share:.0%}) · output "
+                f"{short_bytes(h.output_bytes)} · fwd {h.forward_s * 1000:.1f} ms · bwd {bwd} · "
+                f"{h.calls} call{'s' if h.calls != 1 else ''}")
+    return text
 
 
 def _cells(h: Hotspot) -> list[Any]:

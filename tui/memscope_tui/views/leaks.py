@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,10 +15,16 @@ from memscope.units import human_bytes
 from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import SelectionChanged, fill_table, plain, right
+from memscope_tui.widgets import (SelectionChanged, fill_table, fit_columns, keep_figures, plain, right,
+                                   shorten_cells, table_room)
 
+VERDICT_LINES = 5  # the verdicts' share of the view: app.tcss #verdicts max-height (the rest is the diff)
 DIFF_COLUMNS = [("category", "cat"), ("dtype", "dtype"), ("shape", "shape"), ("grad_fn", "fn"),
                 ("tensors", "count"), ("Δ bytes", "delta"), ("now", "bytes")]
+# narrow (80 columns): shapes and grad_fn names are shortened from the middle (whole in the
+# detail line), then "now" is dropped; the counts and Δ bytes always show
+DIFF_SHRINK = {"shape": 12, "fn": 12, "cat": 11}
+DIFF_OPTIONAL = ["bytes"]
 
 
 def leak_line(lk: Leak) -> Text:
@@ -41,10 +47,13 @@ def leak_line(lk: Leak) -> Text:
     return text
 
 
-def verdict_text(summary: RunSummary, inventoried: int) -> Text:
+def verdict_text(summary: RunSummary, inventoried: int,
+                 height: Callable[[Text], int] = lambda _: 1, budget: int = VERDICT_LINES) -> Text:
     """The leak verdicts: leaks, or none (only after enough inventories), or what is missing;
-    memory growth no tensor group explains; DataLoader workers copying their dataset."""
-    lines = [leak_line(lk) for lk in summary.leaks[:4]]
+    memory growth no tensor group explains; DataLoader workers copying their dataset.
+    ``height`` says how many screen lines a line of text wraps to: the leaks fill what the other
+    verdicts leave of ``budget`` lines, whole, and a last line counts those left out."""
+    lines: list[Text] = []
     check = summary.leak_check
     if not summary.leaks:
         if not inventoried:
@@ -64,7 +73,19 @@ def verdict_text(summary: RunSummary, inventoried: int) -> Text:
                                    f"{w.workers} DataLoader worker(s) copied "
                                    f"{human_bytes(w.uss_end - w.uss_start)} of their dataset "
                                    "(copy-on-read: hold it in numpy arrays / Arrow)"))
-    return Text("\n").join(lines)
+    room = budget - sum(height(line) for line in lines)
+    leaks: list[Text] = []
+    for i, lk in enumerate(summary.leaks):
+        line = leak_line(lk)
+        rest = len(summary.leaks) - i - 1
+        if height(line) + (1 if rest else 0) > room:
+            left = len(summary.leaks) - i
+            leaks.append(Text(f"+{left} more leak{'s' if left > 1 else ''}: memscope leaks RUN.db lists all",
+                              style="bold red"))
+            break
+        leaks.append(line)
+        room -= height(line)
+    return Text("\n").join(leaks + lines)
 
 
 class LeaksView(View):
@@ -79,29 +100,56 @@ class LeaksView(View):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.snap: Snapshot | None = None
+        self.by_key: dict[str, GroupDiff] = {}  # row key -> its group, for the detail line
 
     def compose(self) -> ComposeResult:
         yield Static("", id="verdicts")
         yield Static("", id="diff-caption", classes="caption")  # wraps to two lines at 80 columns
         yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="diff-detail", classes="caption")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
-        self.snap = snap
-        self.query_one("#verdicts", Static).update(verdict_text(snap.summary, len(snap.inventory_steps)))
+        self.snap, self.filter_text = snap, filter_text
+        wide = self.text_width()
+        self.query_one("#verdicts", Static).update(keep_figures(verdict_text(
+            snap.summary, len(snap.inventory_steps), lambda text: len(keep_figures(text, wide).split("\n"))),
+            wide))
         caption = self.query_one("#diff-caption", Static)
         if snap.diff_from is None or snap.diff_to is None:
             caption.update("")
         else:
-            caption.update(Text.assemble(
+            caption.update(keep_figures(Text.assemble(
                 "diff of inventories ", (f"step {snap.diff_from}", "bold"), " → ",
                 (f"step {snap.diff_to}", "bold"),
                 f" · {len(snap.diff)} groups changed · [ ] from, {{ }} to",
-                (f" · inventories at {_steps(snap.inventory_steps, 6)}", "dim")))
-        rows = [(f"{d.category}|{d.dtype}|{d.shape}|{d.grad_fn}|{d.device}|{i}", _cells(d))
-                for i, d in enumerate(snap.diff)
-                if matches(filter_text, d.category, d.dtype, d.shape, d.grad_fn)]
-        fill_table(self.query_one("#diff", DataTable), DIFF_COLUMNS, rows, self.drawn, "diff")
+                (f" · inventories at {_steps(snap.inventory_steps, 6)}", "dim")), wide))
+        keyed = [(f"{d.category}|{d.dtype}|{d.shape}|{d.grad_fn}|{d.device}|{i}", d)
+                 for i, d in enumerate(snap.diff)
+                 if matches(filter_text, d.category, d.dtype, d.shape, d.grad_fn)]
+        self.by_key = dict(keyed)
+        rows = [(k, _cells(d)) for k, d in keyed]
+        table = self.query_one("#diff", DataTable)
+        picked, narrow = fit_columns(DIFF_COLUMNS, [cells for _, cells in rows],
+                                     table_room(table, self.size.width or 80), DIFF_OPTIONAL, DIFF_SHRINK)
+        fill_table(table, [DIFF_COLUMNS[i] for i in picked],
+                   [(k, [c[i] for i in picked]) for k, c in ((k, shorten_cells(c, narrow)) for k, c in rows)],
+                   self.drawn, "diff")
+        self._detail(table)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._detail(event.data_table)
+
+    def _detail(self, table: DataTable[Any]) -> None:
+        """The highlighted group in full (its shape and grad_fn may be shortened in the table)."""
+        box = self.query_one("#diff-detail", Static)
+        d = None
+        if table.row_count:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+            d = self.by_key.get(str(key))
+        box.update(Text() if d is None else keep_figures(Text(shown_text(
+            f"{d.category} {d.dtype or ''} {d.shape} {d.grad_fn or '(no grad_fn)'} on {d.device}: "
+            f"{d.count_from}→{d.count_to} tensors, {'+' if d.bytes_delta > 0 else '-'}"
+            f"{human_bytes(abs(d.bytes_delta))}, now {human_bytes(d.bytes_to)}")), self.text_width()))
 
     def action_move(self, which: str, delta: int) -> None:
         snap = self.snap

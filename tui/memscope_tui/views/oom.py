@@ -18,6 +18,7 @@ from memscope.analysis.oom import facts
 from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View
+from memscope_tui.widgets import keep_figures
 
 _LABEL = 10
 _STYLE = {"what": "bold", "change": "bold green", "breakdown": "bold", "by module": "bold",
@@ -32,6 +33,7 @@ class OomView(View):
             yield Static("", id="oom-body")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
+        self.snap, self.filter_text = snap, filter_text
         box = self.query_one("#oom-body", Static)
         r = snap.summary.oom
         if r is None:
@@ -50,6 +52,7 @@ class OomView(View):
             title.append(shown(r.module), style="bold")
         title.append("\n")
         # two columns: a long fact wraps under its own text, not under the labels
+        wide = self.text_width(4)  # the view's padding, the scrollbar's (a long post-mortem scrolls)
         grid = Table.grid(padding=(0, 1))
         grid.add_column(width=_LABEL - 1, no_wrap=True)
         grid.add_column(ratio=1)
@@ -57,5 +60,6 @@ class OomView(View):
         for label, text in facts(r):
             section = label or section
             grid.add_row(Text(label, style=_STYLE.get(label, "bold")),
-                         Text(shown_text(text), style="green" if section == "change" else ""))
-        box.update(Group(title, grid))
+                         keep_figures(Text(shown_text(text), style="green" if section == "change" else ""),
+                                      wide - _LABEL))
+        box.update(Group(keep_figures(title, wide), grid))

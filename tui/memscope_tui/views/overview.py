@@ -104,6 +104,7 @@ class OverviewView(View):
         yield DataTable(id="steps", cursor_type="row", zebra_stripes=True)
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
+        self.snap, self.filter_text = snap, filter_text
         s = snap.summary
         command = shown_text(shlex.join(s.command)) if s.command else "?"
         self.query_one("#command", Static).update(Text.assemble(("memscope ", "bold"), command))
@@ -138,11 +139,13 @@ class OverviewView(View):
             spark.data = []
             ruler.marks, ruler.span = (), (0.0, 0.0)
             return
-        caption.update(Text.assemble(
-            (shown(series.label), "bold"),
-            f" · high {human_bytes(series.max)} · low {human_bytes(series.min)}"
-            f" · now {human_bytes(series.last)}",
-            (" · m: next metric" if len(series_by) > 1 else "", "dim")))
+        line = Text.assemble((shown(series.label), "bold"),
+                             f" · high {human_bytes(series.max)} · low {human_bytes(series.min)}"
+                             f" · now {human_bytes(series.last)}")
+        hint = " · m: next metric" if len(series_by) > 1 else ""
+        if line.cell_len + len(hint) <= self.text_width():  # the hint goes first (it is in ? help)
+            line.append(hint, style="dim")
+        caption.update(line)
         spark.data = series.on_grid(BUCKETS, tl.t0, tl.t1)
         ruler.marks = tuple(tl.steps)
         ruler.span = (tl.t0, tl.t1)

@@ -26,6 +26,7 @@ class RanksView(View):
         yield DataTable(id="rank-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
+        self.snap, self.filter_text = snap, filter_text
         caption = self.query_one("#ranks-caption", Static)
         ranks = snap.ranks
         rows: list[tuple[str, list[Any]]] = []

@@ -13,6 +13,7 @@ from memscope.units import human_bytes
 from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
+from memscope_tui.widgets import keep_figures
 
 class SuggestionsView(View):
     TITLE = "Suggestions"
@@ -22,6 +23,8 @@ class SuggestionsView(View):
             yield Static("", id="suggestion-list")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
+        self.snap, self.filter_text = snap, filter_text
+        wide = self.text_width(4)  # the view's padding, the scrollbar's
         box = self.query_one("#suggestion-list", Static)
         part = snap.suggestions
         if part.error is not None:
@@ -41,8 +44,8 @@ class SuggestionsView(View):
             body.add_column(width=9, style="dim")
             body.add_column(ratio=1)
             # Text, not str: a rich table parses a str cell as markup (a holder named [/] crashed it)
-            body.add_row("evidence", Text(shown_text(s.evidence)))
-            body.add_row("change", Text(shown_text(s.how)))
-            blocks += [title, body, Text("")]
+            body.add_row("evidence", keep_figures(Text(shown_text(s.evidence)), wide - 10))
+            body.add_row("change", keep_figures(Text(shown_text(s.how)), wide - 10))
+            blocks += [keep_figures(title, wide), body, Text("")]
         box.update(Group(*blocks[:-1]))
 
