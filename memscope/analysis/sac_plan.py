@@ -112,14 +112,17 @@ def point(p: BlockProfile, save: frozenset[str] | None, blocks: int | None = Non
 def curve(p: BlockProfile) -> list[Point]:
     """No checkpointing, whole-block checkpointing of the first j blocks for every j, and every
     selective plan over the op kinds with FLOPs on all blocks: the Pareto front of (kept bytes,
-    recompute FLOPs), most memory first."""
+    recompute FLOPs), most memory first, with no checkpointing and whole-block checkpointing of
+    every block always on it."""
     pts = [point(p, None)]
     pts += [point(p, frozenset(), j, f"whole-block, first {j}" if j < p.blocks else "whole-block")
             for j in range(1, p.blocks + 1)]
     kinds = p.flop_kinds()
     for r in range(1, len(kinds) + 1):
         pts += [point(p, frozenset(c)) for c in itertools.combinations(kinds, r)]
-    front = [a for a in pts if not any(_dominates(b, a) for b in pts)]
+    # both ends stay on it as references, even where a selective plan dominates them
+    front = [a for a in pts if a.save is None or (a.save == () and a.blocks == p.blocks)
+             or not any(_dominates(b, a) for b in pts)]
     seen: set[tuple[int, int]] = set()
     out = []
     for a in sorted(front, key=lambda a: (-a.activation_bytes, a.recompute_flops)):
@@ -159,3 +162,29 @@ def predicted_peak(baseline_peak: int, window_peak: int, p: BlockProfile, plan: 
     forward = baseline_peak - j * drop
     recompute = window_peak - (n - j) * p.saved_bytes - (j - 1) * drop
     return max(forward, recompute)
+
+
+def from_events(profile_events: list[dict[str, Any]], live_events: list[dict[str, Any]]) \
+        -> tuple[BlockProfile, int | None] | None:
+    """The block profile and the baseline's window peak (None: not measured) from a run's
+    ``sac_profile`` and ``sac_live`` events; None without a profile."""
+    datas = [e["data"] for e in profile_events if isinstance(e.get("data"), dict)]
+    if not datas:
+        return None
+    windows = [int(e["data"]["window_peak"]) for e in live_events
+               if isinstance(e.get("data"), dict) and isinstance(e["data"].get("window_peak"), int)]
+    return parse_profile(datas[0]), (windows[0] if windows else None)
+
+
+def point_json(pt: Point, predicted: int | None = None) -> dict[str, Any]:
+    return {"label": pt.label, "save": list(pt.save) if pt.save is not None else None, "blocks": pt.blocks,
+            "kept_bytes_per_block": pt.kept_bytes, "activation_bytes": pt.activation_bytes,
+            "recompute_flops": pt.recompute_flops, "recompute_flops_pct": round(pt.recompute_flops_pct, 2),
+            "predicted_peak_bytes": predicted}
+
+
+def technique_json(p: BlockProfile, pt: Point) -> dict[str, Any]:
+    """The technique object of ``memscope.fit/1`` for a selective plan."""
+    return {"technique": "selective_checkpointing",
+            "blocks": [f"{p.container}.{i}" if p.container else str(i) for i in range(pt.blocks)],
+            "save": list(pt.save or ()), "recompute_flops_pct": round(pt.recompute_flops_pct, 2)}
