@@ -144,5 +144,5 @@ def test_whatif_selective_checkpointing_on_tiny_gpt(tmp_path: Path) -> None:
     measured, predicted = sel["measured_peak_bytes"], sel["predicted_peak_bytes"]
     assert measured < sel["baseline_peak_bytes"]
     assert predicted == pytest.approx(measured, rel=0.05)
-    comp = next(c for c in doc["comparisons"] if c["technique"] == "selective_checkpointing")
-    assert comp["applied"] is True
+    trial = next(c for c in doc["trials"] if c["technique"] == "selective_checkpointing")
+    assert trial["applied"] is True and set(trial["how"][0]["save"]) == set(sel["plan"]["save"])
