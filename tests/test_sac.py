@@ -21,6 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from memscope.agent.sac_apply import policy_for
 from memscope.agent.sac_profile import BlockProfile, flop_mapping
 from memscope.analysis import sac_plan
+from memscope.analysis.suggestions import suggest
+from memscope.store.reader import RunReader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,3 +148,11 @@ def test_whatif_selective_checkpointing_on_tiny_gpt(tmp_path: Path) -> None:
     assert predicted == pytest.approx(measured, rel=0.05)
     trial = next(c for c in doc["trials"] if c["technique"] == "selective_checkpointing")
     assert trial["applied"] is True and set(trial["how"][0]["save"]) == set(sel["plan"]["save"])
+    # the profiled baseline's report suggests the plan that beats whole-block checkpointing
+    with RunReader(str(tmp_path / "whatif-tiny_gpt-baseline.db")) as reader:
+        found = [x for x in suggest(reader) if x.technique == "selective_checkpointing"]
+    curve = {c["label"]: c for c in sel["curve"]}
+    best = curve["keep aten.bmm"]  # keeps least at fewer recompute FLOPs (57%) than whole-block (71%)
+    assert best["recompute_flops"] < curve["whole-block"]["recompute_flops"]
+    assert len(found) == 1 and "aten.bmm" in found[0].how and "aten.addmm" not in found[0].how
+    assert found[0].estimated_saving_bytes == curve["no checkpointing"]["activation_bytes"] - best["activation_bytes"]

@@ -53,6 +53,7 @@ class AgentOptions:
     # None: every op with a FLOP formula. sac_profile: profile the first repeated block's first
     # forward op by op (memscope.agent.sac_profile; memscope whatif sets both)
     sac_save: list[str] | None = None
+    sac_blocks: int = 0  # checkpoint only the first N repeated blocks (0: every one)
     sac_profile: bool = False
 
     def validate(self) -> "AgentOptions":
@@ -83,6 +84,8 @@ class AgentOptions:
         if self.sac_save is not None and not (isinstance(self.sac_save, list)
                                               and all(isinstance(o, str) for o in self.sac_save)):
             raise ValueError(f"sac_save must be a list of op names like 'aten.mm', not {self.sac_save!r}")
+        if isinstance(self.sac_blocks, bool) or not isinstance(self.sac_blocks, int) or self.sac_blocks < 0:
+            raise ValueError(f"sac_blocks must be an integer >= 0, not {self.sac_blocks!r}")
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self

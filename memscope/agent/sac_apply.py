@@ -55,6 +55,8 @@ def apply(agent: Any, root: Any, technique: str, patch: Callable[..., None], pea
             _live_at_last_backward(agent, blocks[-1], patch, peak)
         return
     save = agent.options.sac_save if agent.options.sac_save is not None else default_save()
+    if agent.options.sac_blocks:
+        blocks = blocks[:agent.options.sac_blocks]
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     context_fn = functools.partial(create_selective_checkpoint_contexts, policy_for(save))
