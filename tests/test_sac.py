@@ -156,3 +156,25 @@ def test_whatif_selective_checkpointing_on_tiny_gpt(tmp_path: Path) -> None:
     assert best["recompute_flops"] < curve["whole-block"]["recompute_flops"]
     assert len(found) == 1 and "aten.bmm" in found[0].how and "aten.addmm" not in found[0].how
     assert found[0].estimated_saving_bytes == curve["no checkpointing"]["activation_bytes"] - best["activation_bytes"]
+
+
+def test_the_plan_is_printed_as_code_that_runs() -> None:
+    """whatif's text: the curve, the plan tried, and its code, which Python executes: the
+    policy_fn it defines keeps the planned ops and recomputes the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from memscope.cli.whatif_selective import SelectiveTrial
+    from memscope.report.sac_code import policy_code
+
+    p = _profile([("aten.mm", 100, [0]), ("aten.gelu", 0, [1]), ("aten.bmm", 10, [2])], [40, 40, 200], [0, 1, 2])
+    trial = SelectiveTrial(p, 5000, 6000, sac_plan.selective_default(p), sac_plan.curve(p), measured_peak=5100)
+    text = trial.render()
+    assert "no checkpointing" in text and "whole-block" in text and "measured 4.98 KiB" in text
+    assert "keep aten.mm            160 B             40 FLOP (9%)" in text
+    code = policy_code(trial.save, "", "B").replace("for i, block in enumerate(model):", "for i, block in []:")
+    scope: dict[str, Any] = {}
+    exec(compile(code, "<plan>", "exec"), scope)
+    policy = scope["policy_fn"]
+    assert policy(None, torch.ops.aten.mm.default) == CheckpointPolicy.MUST_SAVE
+    assert policy(None, torch.ops.aten.bmm.default) == CheckpointPolicy.MUST_SAVE
+    assert policy(None, torch.ops.aten.gelu.default) == CheckpointPolicy.PREFER_RECOMPUTE

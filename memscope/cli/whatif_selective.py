@@ -66,7 +66,7 @@ class SelectiveTrial:
         for pt in self.curve:
             pred = self.predicted(pt)
             table.append([pt.label, human_bytes(pt.activation_bytes),
-                          f"{pt.recompute_flops / 1e6:.1f} M ({pt.recompute_flops_pct:.0f}%)",
+                          f"{_flops(pt.recompute_flops)} ({pt.recompute_flops_pct:.0f}%)",
                           human_bytes(pred) if pred is not None else "-"])
         widths = [max(len(r[i]) for r in table) for i in range(4)]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
@@ -78,3 +78,10 @@ class SelectiveTrial:
         lines += ["    " + line if line else "" for line in
                   policy_code(self.save, p.container, shown_text(p.block_type)).splitlines()]
         return "\n".join(lines)
+
+
+def _flops(n: int) -> str:
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}FLOP"
+    return f"{n} FLOP"
