@@ -102,8 +102,9 @@ def _profile_first(agent: Any, container: str, blocks: list[Any], patch: Callabl
 def _live_at_last_backward(agent: Any, last: Any, patch: Callable[..., None], peak: Any) -> None:
     """Once, in a step whose tensor peak is measured: the live tensor bytes when the gradient of
     the last block's output is ready (its backward, the first to recompute under
-    checkpointing, is about to start), as a ``sac_live`` event. A hook on the output tensor,
-    which holds nothing but the counter."""
+    checkpointing, is about to start) and the most live bytes until its input's gradient is
+    ready (the step's running peak is reset for that window and restored after), as a
+    ``sac_live`` event. Hooks on the output and input tensors, holding nothing but the counter."""
     done: list[bool] = []
 
     def wrap(orig: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> Any:
@@ -116,28 +117,32 @@ def _live_at_last_backward(agent: Any, last: Any, patch: Callable[..., None], pe
         state: dict[str, int] = {}
 
         def start(grad: Any) -> None:  # the last block's backward begins: a window on the peak
-            with peak._lock:
-                state["live"], state["before"] = peak.total, peak.peak
-                peak.peak = peak.total
+            try:
+                with peak._lock:
+                    state["live"], state["before"] = peak.total, peak.peak
+                    peak.peak = peak.total
+            except Exception:
+                pass
 
         def end(grad: Any) -> None:  # its input's gradient is ready: the window closes
             if "live" not in state or "window" in state:
                 return
-            with peak._lock:
-                state["window"] = peak.peak
-                peak.peak = max(peak.peak, state["before"])
             try:
+                with peak._lock:
+                    state["window"] = peak.peak
+                    peak.peak = max(peak.peak, state["before"])
                 agent.event("sac_live", f"step {step}: {state['live']} live tensor bytes at the last "
                                         f"block's backward, {state['window']} at most during it",
                             {"step": step, "live_bytes": state["live"], "window_peak": state["window"]})
             except Exception:
                 pass
 
+        x = args[0] if args else None
+        if not (isinstance(x, torch.Tensor) and x.requires_grad):
+            return out  # no end to the window: the step's peak must not be reset
         try:
+            x.register_hook(end)
             out.register_hook(start)
-            x = args[0] if args else None
-            if isinstance(x, torch.Tensor) and x.requires_grad:
-                x.register_hook(end)
         except Exception:
             pass
         return out
