@@ -144,9 +144,18 @@ def best_under(p: BlockProfile, budget_bytes: int) -> Point | None:
 
 
 def selective_default(p: BlockProfile) -> Point:
-    """The plan whatif tries without a budget: keep every op kind with FLOPs (recompute only
-    what counts no FLOPs), the least memory at the least recompute."""
+    """Keep every op kind with FLOPs: recompute only what counts no FLOPs."""
     return point(p, frozenset(p.flop_kinds()))
+
+
+def suggested(p: BlockProfile) -> Point:
+    """The plan ``report`` suggests and ``whatif`` tries: of the selective plans on every block
+    that recompute at most half of whole-block checkpointing's FLOPs, the one that keeps the
+    least (the matmul-heavy ops kept, the memory-heavy cheap ones recomputed)."""
+    whole = point(p, frozenset())
+    fits = [pt for pt in curve(p) if pt.save and pt.blocks == p.blocks
+            and pt.recompute_flops <= whole.recompute_flops / 2]
+    return min(fits, key=lambda pt: (pt.activation_bytes, pt.recompute_flops)) if fits else selective_default(p)
 
 
 def predicted_peak(baseline_peak: int, window_peak: int, p: BlockProfile, plan: Point) -> int:

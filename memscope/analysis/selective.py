@@ -1,7 +1,8 @@
 """The ``selective_checkpointing`` suggestion of ``report``: for a run whose baseline profiled a
 repeated block op by op (``memscope whatif --try selective_checkpointing`` records it; the
-``sac_profile`` option), the selective plan that keeps the least activations at fewer recompute
-FLOPs than whole-block checkpointing, when there is one."""
+``sac_profile`` option), the plan of :func:`memscope.analysis.sac_plan.suggested` (the least
+kept for at most half of whole-block checkpointing's recompute FLOPs). Its saving is the
+predicted peak saving where the run measured its tensor peak, else the activation bytes."""
 
 from __future__ import annotations
 
@@ -19,16 +20,17 @@ def selective_suggestions(reader: RunReader) -> list[dict[str, Any]]:
         return []
     if found is None:
         return []
-    p = found[0]
-    curve = sac_plan.curve(p)
-    whole = next((pt for pt in curve if pt.save == () and pt.blocks == p.blocks), None)
-    if whole is None:
+    p, window = found
+    plan = sac_plan.suggested(p)
+    whole = sac_plan.point(p, frozenset())
+    if not plan.save or plan.recompute_flops >= whole.recompute_flops:
         return []
-    better = [pt for pt in curve if pt.save and pt.blocks == p.blocks and pt.recompute_flops < whole.recompute_flops]
-    if not better:
-        return []
-    plan = min(better, key=lambda pt: (pt.activation_bytes, pt.recompute_flops))
-    saving = p.saved_bytes * p.blocks - plan.activation_bytes
+    peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
+             if isinstance(e.get("data"), dict) and isinstance(e["data"].get("peak_bytes"), int)]
+    if peaks and window is not None:  # the measured baseline: the predicted peak saving
+        saving = max(peaks) - sac_plan.predicted_peak(max(peaks), window, p, plan)
+    else:
+        saving = p.saved_bytes * p.blocks - plan.activation_bytes
     if saving <= 0:
         return []
     keep = ", ".join(plan.save or ())

@@ -32,7 +32,7 @@ class SelectiveTrial:
         if found is None:
             return cls(why="the baseline recorded no block profile (no repeated blocks called under grad)")
         profile, window = found
-        return cls(profile, window, baseline_peak, sac_plan.selective_default(profile), sac_plan.curve(profile))
+        return cls(profile, window, baseline_peak, sac_plan.suggested(profile), sac_plan.curve(profile))
 
     @property
     def ok(self) -> bool:
