@@ -83,22 +83,29 @@ class BlockProfile:
 
     def record(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         profile = self
-        for t in self._tensors((args, kwargs)):
-            self._number(t, False)
+        try:
+            for t in self._tensors((args, kwargs)):
+                self._number(t, False)
+        except Exception:
+            pass  # an input without storage: its ops are still recorded
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
                 kw = kw or {}
-                ins = {n for t in profile._tensors((a, kw)) for n in profile._number(t, False)}
+                try:
+                    ins = {n for t in profile._tensors((a, kw)) for n in profile._number(t, False)}
+                except Exception:
+                    ins = set()
                 out = func(*a, **kw)
+                record: dict[str, Any] = {"op": str(func.overloadpacket), "flops": 0, "out": [], "alias": []}
                 try:
                     outs = [n for t in profile._tensors(out) for n in profile._number(t, True)]
                     fn = profile._formulas.get(func.overloadpacket)
                     flops = int(fn(*a, **kw, out_val=out)) if fn is not None else 0
-                    profile.ops.append({"op": str(func.overloadpacket), "flops": flops, "out": outs,
-                                        "alias": sorted(set(outs) & ins)})
+                    record.update(flops=flops, out=outs, alias=sorted(set(outs) & ins))
                 except Exception:
-                    pass
+                    pass  # kept as an op without outputs: the op count (last_pack) stays right
+                profile.ops.append(record)
                 return out
 
         def pack(t: torch.Tensor) -> torch.Tensor:
