@@ -16,7 +16,7 @@ ENV_SUPERVISOR = "MEMSCOPE_SUPERVISOR"  # pid of attach's supervisor: the agent 
 ENV_DB_ID = "MEMSCOPE_DB_ID"  # "st_dev:st_ino" of the run file attach created: a replaced file is noticed
 ENV_PATH = "MEMSCOPE_PATH"  # where the memscope package lives, for a Python that cannot import it
 # Techniques the agent can apply to an unchanged script (memscope/agent/techniques.py)
-TECHNIQUES = ("mixed_precision", "activation_checkpointing", "lighter_optimizer")
+TECHNIQUES = ("mixed_precision", "activation_checkpointing", "lighter_optimizer", "selective_checkpointing")
 
 
 @dataclass
@@ -49,6 +49,12 @@ class AgentOptions:
     # activation_checkpointing through checkpoint_sequential as the estimator planned it:
     # {"container": dotted name of an nn.Sequential, "segments": N} (memscope whatif sets it)
     checkpoint_plan: dict[str, Any] | None = None
+    # selective_checkpointing: the aten ops (overload packets, "aten.mm") whose outputs are kept;
+    # None: every op with a FLOP formula. sac_profile: profile the first repeated block's first
+    # forward op by op (memscope.agent.sac_profile; memscope whatif sets both)
+    sac_save: list[str] | None = None
+    sac_blocks: int = 0  # checkpoint only the first N repeated blocks (0: every one)
+    sac_profile: bool = False
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
@@ -75,6 +81,11 @@ class AgentOptions:
         if plan is not None and not (isinstance(plan, dict) and isinstance(plan.get("container"), str)
                                      and type(plan.get("segments")) is int and plan["segments"] >= 2):
             raise ValueError(f"checkpoint_plan must be {{'container': NAME, 'segments': N >= 2}}, not {plan!r}")
+        if self.sac_save is not None and not (isinstance(self.sac_save, list)
+                                              and all(isinstance(o, str) for o in self.sac_save)):
+            raise ValueError(f"sac_save must be a list of op names like 'aten.mm', not {self.sac_save!r}")
+        if isinstance(self.sac_blocks, bool) or not isinstance(self.sac_blocks, int) or self.sac_blocks < 0:
+            raise ValueError(f"sac_blocks must be an integer >= 0, not {self.sac_blocks!r}")
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self
@@ -110,4 +121,5 @@ class AgentOptions:
 
 def techniques_wanted(options: AgentOptions) -> bool:
     """Whether the agent needs memscope.agent.techniques (imported only then)."""
-    return bool(options.max_steps or options.try_techniques or options.simulate_gpu or options.tensor_peak)
+    return bool(options.max_steps or options.try_techniques or options.simulate_gpu or options.tensor_peak
+                or options.sac_profile)

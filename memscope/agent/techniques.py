@@ -56,7 +56,7 @@ class Controller:
         self.peak_failed = False
 
     def install(self) -> None:
-        install(self.agent)
+        install(self.agent, self.peak)
 
     def stop(self) -> None:
         """At agent stop: leave the tensor-peak dispatch mode (a step cut short is not written)."""
@@ -200,7 +200,7 @@ class TensorPeak:
         return callback
 
 
-def install(agent: "CollectorHost") -> None:
+def install(agent: "CollectorHost", peak: "TensorPeak | None" = None) -> None:
     """Apply ``agent.options.try_techniques`` and ``simulate_gpu``. Called once at agent start."""
     opts = agent.options
     if opts.simulate_gpu:
@@ -210,9 +210,12 @@ def install(agent: "CollectorHost") -> None:
     chosen = list(dict.fromkeys(opts.try_techniques))
     if "lighter_optimizer" in chosen:
         _swap_adam(agent)
-    model_level = [t for t in chosen if t in ("mixed_precision", "activation_checkpointing")]
+    model_level = [t for t in chosen if t in ("mixed_precision", "activation_checkpointing",
+                                              "selective_checkpointing")]
+    if opts.sac_profile:
+        model_level.append("sac_profile")
     if model_level:
-        _RootWatcher(agent, model_level).install()
+        _RootWatcher(agent, model_level, peak).install()
 
 
 def end_at_max_steps(agent: "CollectorHost", done: int) -> None:
@@ -254,8 +257,9 @@ def _swap_adam(agent: "CollectorHost") -> None:
 
 
 class _RootWatcher:
-    def __init__(self, agent: Any, techniques: list[str]) -> None:
+    def __init__(self, agent: Any, techniques: list[str], peak: "TensorPeak | None" = None) -> None:
         self.agent = agent
+        self.peak = peak
         self.techniques = techniques
         self.handle: Any = None
         self.done = False
@@ -284,6 +288,10 @@ class _RootWatcher:
             try:
                 if technique == "mixed_precision":
                     self._mixed_precision(module)
+                elif technique in ("selective_checkpointing", "sac_profile"):
+                    from memscope.agent import sac_apply
+
+                    sac_apply.apply(self.agent, module, technique, _patch_class_forward, self.peak)
                 else:
                     self._checkpointing(module)
             except Exception as exc:

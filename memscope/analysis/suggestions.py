@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from memscope.analysis.selective import selective_suggestions
 from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories, suggestions as leak_suggestions
 from memscope.analysis.oom_limits import attention_scores
@@ -119,6 +120,7 @@ def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Sugges
             out.extend(x for x in rule(facts) if x.estimated_saving_bytes >= MIN_SAVING)
         _framework_first(out, framework_of(reader), facts)
     out.extend(Suggestion(**d) for d in leak_suggestions(s.leaks, s.steps))
+    out.extend(Suggestion(**d) for d in selective_suggestions(reader))  # a profiled block only
     if s.unexplained is not None:
         out.append(Suggestion(**unexplained_suggestion(s.unexplained, s.steps)))
     if s.workers is not None:

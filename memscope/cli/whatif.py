@@ -16,6 +16,7 @@ from memscope.analysis.suggestions import checkpoint_plan_for, suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json
 from memscope.cli.errors import CliError
+from memscope.cli.whatif_selective import SelectiveTrial
 from memscope.runners.fix_leak import MIN_STEPS, try_fix_leak
 from memscope.runners.script_estimate import run_recorded
 from memscope.units import human_bytes
@@ -44,7 +45,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _techniques(words: list[str]) -> list[str]:
-    chosen = [t for w in words for t in w.split(",") if t] or list(TECHNIQUES)
+    # selective_checkpointing is tried when asked for: it needs a profiled baseline
+    chosen = [t for w in words for t in w.split(",") if t] or [t for t in TECHNIQUES
+                                                               if t != "selective_checkpointing"]
     known = (*TECHNIQUES, "fix_leak")
     bad = [t for t in chosen if t not in known]
     if bad:
@@ -97,13 +100,13 @@ def run(args: argparse.Namespace) -> int:
     if techniques == ["fix_leak"]:
         return _fix_leak(args, workdir)
 
-    def one(label: str, tries: list[str], plan: dict[str, Any] | None = None) -> Any:
+    def one(label: str, tries: list[str], plan: dict[str, Any] | None = None, **more: Any) -> Any:
         db = os.path.join(workdir, f"whatif-{stem}-{label}.db")
         print(f"memscope whatif: {label}: {args.steps} steps of {args.script} ...", file=sys.stderr)
         return run_recorded(args.script, args.script_args, db,
-                            {**options, "try_techniques": tries, "checkpoint_plan": plan})
+                            {**options, "try_techniques": tries, "checkpoint_plan": plan, **more})
 
-    base_run = one("baseline", [])
+    base_run = one("baseline", [], sac_profile="selective_checkpointing" in techniques)
     if not base_run.ok:
         print(f"memscope: error: whatif: the baseline run failed ({_why(base_run)}): "
               f"{base_run.last_error()} (log: {base_run.log})", file=sys.stderr)
@@ -111,20 +114,29 @@ def run(args: argparse.Namespace) -> int:
     with RunReader(base_run.db) as reader:
         baseline = measure(reader)
         suggestions, note, plan = _suggestions(reader)
+        selective = SelectiveTrial.from_baseline(reader, baseline.tensor_peak)
     comparisons: list[Comparison] = []
     failures: list[str] = []
     for t in techniques:
-        trial_run = one(t, [t], plan if t == "activation_checkpointing" else None)
+        more = {"sac_save": selective.save} if t == "selective_checkpointing" and selective.ok else {}
+        trial_run = one(t, [t], plan if t == "activation_checkpointing" else None, **more)
         if not trial_run.ok:
             failures.append(f"{t}: the trial run failed ({_why(trial_run)}): "
                             f"{trial_run.last_error()} (log: {trial_run.log})")
         with RunReader(trial_run.db) as reader:
             trial = measure(reader)
         comparisons.append(compare(t, baseline, trial, estimate_for(suggestions, t)))
+        if t == "selective_checkpointing":
+            selective.measured_peak = trial.tensor_peak
     if args.json:
-        print(json.dumps(to_json(args.script, args.steps, baseline, comparisons, note), indent=2))
+        doc = to_json(args.script, args.steps, baseline, comparisons, note)
+        if "selective_checkpointing" in techniques:
+            doc["selective_checkpointing"] = selective.as_json()
+        print(json.dumps(doc, indent=2))
     else:
         print(render(args.script, args.steps, baseline.peak_metric, comparisons, note, workdir))
+        if "selective_checkpointing" in techniques:
+            print(selective.render())
     for f in failures:
         print(f"memscope: whatif: {f}", file=sys.stderr)
     return 1 if failures else 0
