@@ -10,8 +10,8 @@ import weakref
 import pytest
 import torch
 
-from memscope.agent.inventory import LiveTensors, Schedule, find_holder, take_inventory
-from memscope.agent.inventory.schedule import ALLOWANCE_S, DENSE_STEPS
+from memscope.agent.collectors.inventory import LiveTensors, Schedule, find_holder, take_inventory
+from memscope.agent.collectors.inventory.schedule import ALLOWANCE_S, DENSE_STEPS
 
 
 @pytest.fixture
