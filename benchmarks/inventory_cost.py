@@ -37,8 +37,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from memscope.agent.inventory import LiveTensors, signature, take_inventory  # noqa: E402
-from memscope.agent.leak_sites import SiteCapture  # noqa: E402
+from memscope.agent.collectors.inventory import LiveTensors, signature, take_inventory  # noqa: E402
+from memscope.agent.collectors.leak_sites import SiteCapture  # noqa: E402
 
 
 def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from memscope.agent.runtime import Agent
+    from memscope.agent.runtime.agent import Agent
 
 __all__ = ["__version__", "start", "stop", "step", "profile"]
 
@@ -24,27 +24,27 @@ def start(db: str | None = None, **options: Any) -> "Agent":
     Under ``memscope attach`` the agent is already running and is returned as it is.
     Options: ``sample_hz`` (20), ``nvml_interval`` (1.0 s), ``force`` (overwrite ``db``).
     """
-    from memscope.agent.api import start as _start
+    from memscope.agent.runtime.api import start as _start
 
     return _start(db, **options)
 
 
 def stop() -> None:
     """Stop recording: flush the run file and remove every hook. Safe to call twice."""
-    from memscope.agent.api import stop as _stop
+    from memscope.agent.runtime.api import stop as _stop
 
     _stop()
 
 
 def step() -> None:
     """Mark the end of a training step. Once called, automatic step detection is off."""
-    from memscope.agent.api import step as _step
+    from memscope.agent.runtime.api import step as _step
 
     _step()
 
 
 def profile(db: str | None = None, **options: Any) -> "AbstractContextManager[Agent]":
     """``with memscope.profile("run.db"):`` records the block, then stops."""
-    from memscope.agent.api import profile as _profile
+    from memscope.agent.runtime.api import profile as _profile
 
     return _profile(db, **options)

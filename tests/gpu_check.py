@@ -75,7 +75,7 @@ def capture(out: Path) -> int:
     """Step 2, in its own process: a fresh CUDA context and allocator."""
     import torch
 
-    from memscope.agent import cuda
+    from memscope.agent.collectors import cuda
 
     torch.cuda.init()
     dev = 0

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memscope.agent import compiled  # noqa: E402
+from memscope.agent.torchcompat import compiled  # noqa: E402
 
 
 def test_modules_compiled_before_and_after_start_are_seen_and_not_kept() -> None:

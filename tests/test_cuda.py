@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memscope.agent.cuda import STAT_COLUMNS, parse_memory_stats
+from memscope.agent.collectors.cuda import STAT_COLUMNS, parse_memory_stats
 
 
 def test_parse_keeps_known_counters_and_marks_missing() -> None:
@@ -22,7 +22,7 @@ def test_parse_keeps_known_counters_and_marks_missing() -> None:
 def test_real_allocator_counters() -> None:
     import torch
 
-    from memscope.agent.cuda import cuda_devices_in_use, read_device_stats
+    from memscope.agent.collectors.cuda import cuda_devices_in_use, read_device_stats
 
     x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     assert 0 in cuda_devices_in_use()

@@ -3,7 +3,7 @@ memory, not GPU memory. A ng-video-lecture-style script keeps its whole dataset 
 int64 tokens) on the CPU and moves each batch and the model to the (pretend) GPU; the GPU peak
 excludes the dataset, the host peak holds it, both are in ``peak_by_device``. The batches are
 cut with ``data[i:i + block]`` for ``i`` in a fake index tensor: ``i + block`` is computed from
-the placeholder of ``i`` (memscope.agent.fake_values), so the batches are full-sized."""
+the placeholder of ``i`` (memscope.agent.fake.fake_values), so the batches are full-sized."""
 
 from __future__ import annotations
 

@@ -19,10 +19,10 @@ ALLOWED: dict[str, set[str]] = {
     "memscope.analysis": {"memscope.store"},
     "memscope.report": {"memscope.analysis", "memscope.store"},
     # runners launch training processes: they read the agent's options (no torch) and the store
-    "memscope.runners": {"memscope.agent.config", "memscope.analysis", "memscope.report", "memscope.store"},
+    "memscope.runners": {"memscope.agent.runtime.config", "memscope.analysis", "memscope.report", "memscope.store"},
     "memscope.integrations": {"memscope.agent"},
     "memscope.cli": {"memscope.analysis", "memscope.report", "memscope.runners", "memscope.store",
-                     "memscope.agent.config"},
+                     "memscope.agent.runtime.config"},
     "memscope_tui": {"memscope.analysis", "memscope.store"},
 }
 # modules that import nothing of memscope above the floor
@@ -102,7 +102,7 @@ def test_reading_side_never_imports_torch() -> None:
 
 def test_checker_catches_an_upward_import(tmp_path: Path) -> None:
     # the checker itself can fail: an agent module importing analysis is caught
-    assert not _allowed("memscope.agent", "memscope.agent.inventory", "memscope.analysis.leaks.WARMUP_STEPS")
+    assert not _allowed("memscope.agent", "memscope.agent.collectors.inventory", "memscope.analysis.leaks.WARMUP_STEPS")
     assert not _allowed("memscope.analysis", "memscope.analysis.x", "memscope.runners.supervisor.run_child")
     assert not _allowed("memscope.store", "memscope.store.x", "memscope.report.format.iso")
     assert not _allowed("memscope_tui", "memscope_tui.app", "memscope.report.text.render")

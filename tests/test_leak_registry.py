@@ -10,8 +10,8 @@ import weakref
 import pytest
 import torch
 
-from memscope.agent.inventory import LiveTensors, Schedule, find_holder, take_inventory
-from memscope.agent.inventory.schedule import ALLOWANCE_S, DENSE_STEPS
+from memscope.agent.collectors.inventory import LiveTensors, Schedule, find_holder, take_inventory
+from memscope.agent.collectors.inventory.schedule import ALLOWANCE_S, DENSE_STEPS
 
 
 @pytest.fixture
@@ -186,11 +186,12 @@ def test_after_fork_drops_the_hook(live: LiveTensors) -> None:
     assert live._hook in gc.callbacks  # the parent keeps its registry
 
 
-def test_saved_tensors_a_walk_read_are_not_taken_for_live_ones(live: LiveTensors, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_saved_tensors_a_walk_read_are_not_taken_for_live_ones(live: LiveTensors,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading a saved tensor gives it a Python object that torch keeps while its graph lives;
     the registry finds it at the next collection. It stays graph memory: the next inventory
     counts the same tensors and bytes, and still walks a sample of a big kind, not every graph."""
-    from memscope.agent.inventory import graph, scan
+    from memscope.agent.collectors.inventory import graph, scan
 
     w = torch.randn(64, requires_grad=True)
     kept = [w.sin().cos() for _ in range(200)]  # cos saves sin's output: held by no Python code

@@ -10,7 +10,7 @@ from typing import Callable
 
 import pytest
 
-from memscope.agent.inventory.schedule import Schedule
+from memscope.agent.collectors.inventory.schedule import Schedule
 from memscope.analysis.leaks import growth
 
 Size = Callable[[int], int]

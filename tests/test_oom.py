@@ -279,7 +279,7 @@ def test_import_snapshot_documented_format(tmp_path: Path) -> None:
 def test_parse_requested_and_classify() -> None:
     import torch
 
-    from memscope.agent.oom import is_oom, parse_requested
+    from memscope.agent.collectors.oom import is_oom, parse_requested
 
     assert parse_requested("you tried to allocate 123 bytes. Error") == (123, True)
     assert parse_requested("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has") == (20 * 2 ** 20, False)

@@ -272,7 +272,7 @@ def test_finder_later_in_the_run(tmp_path: Path) -> None:
     script = SCRIPTS / "batch_finder.py"
     plain, hooked = tmp_path / "plain.db", tmp_path / "hooked.db"
     assert attach(plain, "--layers-every", "0", str(script), "8", "3").returncode == 0
-    from memscope.agent.oom_hooks import ARM_SHARE, host_limits, host_share
+    from memscope.agent.collectors.oom_hooks import ARM_SHARE, host_limits, host_share
 
     if host_share(host_limits(), 600 << 20, 3 << 30) < ARM_SHARE:  # not a small box or cgroup
         assert oom_events(plain) == []

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from conftest import EXAMPLES, memscope, report_json
-from memscope.agent import cuda
-from memscope.agent.config import AgentOptions
+from memscope.agent.collectors import cuda
+from memscope.agent.runtime.config import AgentOptions
 from memscope.units import human_bytes
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -62,7 +62,7 @@ def test_allocator_state_from_memory_stats() -> None:
 
 
 class Host:
-    """The agent's collector interface (memscope.agent.host.CollectorHost), recording events."""
+    """The agent's collector interface (memscope.agent.collectors.host.CollectorHost), recording events."""
 
     def __init__(self, nvml: dict[str, int] | None) -> None:
         self.options = AgentOptions()
@@ -104,7 +104,7 @@ def record_built_oom(monkeypatch: pytest.MonkeyPatch, conf: str = "") -> dict[st
     """The real recorder on a CUDA OOM whose allocator readings are the built ones."""
     import torch
 
-    from memscope.agent.oom import OomRecorder
+    from memscope.agent.collectors.oom import OomRecorder
 
     b = built()
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", conf)

@@ -18,8 +18,8 @@ import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
-from memscope.agent.sac_apply import policy_for
-from memscope.agent.sac_profile import BlockProfile, flop_mapping
+from memscope.agent.whatif.sac_apply import policy_for
+from memscope.agent.whatif.sac_profile import BlockProfile, flop_mapping
 from memscope.analysis import sac_plan
 from memscope.analysis.suggestions import suggest
 from memscope.store.reader import RunReader

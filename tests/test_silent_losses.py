@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from conftest import memscope as run_cli
-from memscope.agent import api
+from memscope.agent.runtime import api
 from memscope.integrations.session import Session
 
 

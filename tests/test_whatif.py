@@ -187,7 +187,7 @@ def test_attach_try_rejects_an_unknown_technique(tmp_path: Path) -> None:
 
 
 def test_checkpoint_plan_option_is_validated() -> None:
-    from memscope.agent.config import AgentOptions
+    from memscope.agent.runtime.config import AgentOptions
 
     plan = {"container": "body", "segments": 2}
     assert AgentOptions.from_mapping({"checkpoint_plan": plan}).checkpoint_plan == plan

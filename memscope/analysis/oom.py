@@ -1,6 +1,6 @@
 """Out-of-memory post-mortem of a run: pure reading of the ``events`` rows (no torch).
 
-The agent writes an ``oom`` event when it sees an out-of-memory error (memscope.agent.oom), with
+The agent writes an ``oom`` event when it sees an out-of-memory error (memscope.agent.collectors.oom), with
 what was live at the failure (an at-failure census) or, when the census could not run, the last
 profiled step's breakdown; the supervisor writes a ``killed`` event when the process died by a
 signal; ``memscope import`` turns a CUDA snapshot's ``oom`` trace entry into an ``oom`` event.

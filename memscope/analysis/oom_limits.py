@@ -3,7 +3,7 @@
 A CPU process fails an allocation at the first of: the address-space rlimit (``ulimit -v``,
 counted against virtual size), its cgroup's ``memory.max``, the machine's memory. A CUDA one at
 ``--simulate-gpu``'s cap, a per-process memory fraction, or the device's memory. The agent
-records the limits in force at the failure (``limits``, memscope.agent.oom); this decides which
+records the limits in force at the failure (``limits``, memscope.agent.collectors.oom); this decides which
 one failed, from the usage it recorded and the request. Pure: no torch.
 """
 

@@ -1,5 +1,5 @@
 """The selective-checkpointing plan: from one block's op-level profile (the ``sac_profile``
-event, memscope.agent.sac_profile), which aten ops to keep and which to recompute, and the
+event, memscope.agent.whatif.sac_profile), which aten ops to keep and which to recompute, and the
 memory / recompute curve over those choices. Pure (no torch).
 
 The policy is per op kind (an overload packet, "aten.addmm"), the same for every block of the

@@ -466,7 +466,7 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
 
 def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
     """The numbered children (a ModuleList's blocks, a Sequential's layers) that save the most,
-    checkpointed the way the what-if trial does it (memscope.agent.techniques): repeated blocks
+    checkpointed the way the what-if trial does it (memscope.agent.whatif.techniques): repeated blocks
     one by one; a Sequential of mixed layers with ``checkpoint_sequential`` in the number of
     segments that leaves the fewest activations (the trial is told that number)."""
     rows = {r["module"]: r for r in f.layers}

@@ -7,14 +7,14 @@ import os
 import sys
 from typing import Sequence
 
-from memscope.agent.config import TECHNIQUES, AgentOptions
+from memscope.agent.runtime.config import TECHNIQUES, AgentOptions
 from memscope.units import parse_size
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.display import safe_lines
 from memscope.report.text import render_headless
 from memscope.store.reader import RunReader
-from memscope.agent.config import ENV_DB_ID
+from memscope.agent.runtime.config import ENV_DB_ID
 from memscope.store import spill
 from memscope.store.runs import (compact, create_run, default_db_path, discard_run, file_id,
                                  finish_run, prepare_path, wait_writable)

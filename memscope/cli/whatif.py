@@ -11,7 +11,7 @@ import tempfile
 from typing import Any
 
 from memscope.display import shown_text
-from memscope.agent.config import TECHNIQUES
+from memscope.agent.runtime.config import TECHNIQUES
 from memscope.analysis.suggestions import checkpoint_plan_for, suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memscope.agent.config import AgentOptions
+from memscope.agent.runtime.config import AgentOptions
 
 
 class Session:
@@ -39,7 +39,7 @@ class Session:
     def begin(self, global_step: int) -> None:
         """At the start of training. Raises if the run file cannot be created (like
         ``memscope.start``): better to stop before the first step than to train unrecorded."""
-        from memscope.agent import api
+        from memscope.agent.runtime import api
 
         agent = api.current()
         if agent is None:
@@ -59,7 +59,7 @@ class Session:
         try:
             global_step = int(global_step)
             if self._last_step is not None and global_step != self._last_step:
-                from memscope.agent import api
+                from memscope.agent.runtime import api
 
                 api.step()
             self._last_step = global_step
@@ -73,7 +73,7 @@ class Session:
     def _degraded(self, message: str, data: dict[str, Any]) -> None:
         """A ``recording_degraded`` event (``memscope report`` lists these); best effort."""
         try:
-            from memscope.agent import api
+            from memscope.agent.runtime import api
 
             agent = api.current()
             if agent is not None:
@@ -91,7 +91,7 @@ class Session:
         if self.owns_agent:
             self.owns_agent = False
             try:
-                from memscope.agent import api
+                from memscope.agent.runtime import api
 
                 api.stop()
             except Exception:

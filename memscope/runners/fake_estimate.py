@@ -1,7 +1,7 @@
 """Fake runs of a training script: its first steps under FakeTensorMode, from a process that
 never imports torch.
 
-:class:`FakeRunner` starts ``python -m memscope.agent.fakerun`` once (it imports torch and
+:class:`FakeRunner` starts ``python -m memscope.agent.fake.fakerun`` once (it imports torch and
 warms up, a few seconds) and sends it one request per trial; each trial is a fork of that
 process, so ``memscope fit``'s dozen trials cost the script's own work each. The figures come
 back as a JSON file (:class:`FakeResult`); the script's output goes to a log beside it.
@@ -29,7 +29,7 @@ START_TIMEOUT = 300.0  # importing torch on a loaded machine
 
 @dataclass
 class FakeResult:
-    """What one fake run measured (see memscope.agent.fakerun for the producer)."""
+    """What one fake run measured (see memscope.agent.fake.fakerun for the producer)."""
 
     data: dict[str, Any]
     log: str
@@ -83,7 +83,8 @@ def child_environment() -> dict[str, str]:
     with this memscope importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSCOPE_")}
     here = os.path.dirname(os.path.dirname(os.path.abspath(memscope.__file__)))
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "memscope/agent/bootstrap" not in p]
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+             if p and "memscope/agent/runtime/bootstrap" not in p]
     env["PYTHONPATH"] = os.pathsep.join([*parts, here])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -109,7 +110,7 @@ class FakeRunner:
             log = open(os.path.join(self.workdir, "server.log"), "w")
             try:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "memscope.agent.fakerun"], stdin=subprocess.PIPE,
+                    [sys.executable, "-m", "memscope.agent.fake.fakerun"], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=log, text=True, env=child_environment(),
                     start_new_session=True)
             except OSError as exc:

@@ -8,7 +8,7 @@ techniques that make the current batch fit, each measured by fake runs of the un
    has its successor measured not to (memscope.analysis.fit.next_batch).
 3. Plans for the current batch: every combination of bf16 autocast, checkpointing of the
    repeated blocks and a lighter optimizer is a fake run with the technique applied
-   (memscope.agent.techniques, the code ``whatif`` measures real runs with); checkpointing
+   (memscope.agent.whatif.techniques, the code ``whatif`` measures real runs with); checkpointing
    is cut to the fewest blocks that fit; gradient accumulation is a fake run at the smaller
    micro-batch; ZeRO stages over ``--world-size`` ranks are computed from what was live at the
    peak. Ranked by memscope.analysis.fit.rank.

@@ -3,7 +3,7 @@
 Two methods, both counting tensor bytes, which do not depend on the device:
 
 * ``fake`` (the default): the script's first steps run under FakeTensorMode
-  (memscope.runners.fake_estimate, memscope.agent.fakerun): every tensor has its shape and
+  (memscope.runners.fake_estimate, memscope.agent.fake.fakerun): every tensor has its shape and
   dtype and no memory, so a 7B model "trains" on a laptop; a script that says ``.cuda()`` gets
   a pretend GPU. The peak is the exact peak of live tensor bytes, temporaries included, the
   same figure ``whatif`` measures on real runs; with each allocation rounded up to the CUDA
@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from memscope.agent.config import AgentOptions
+from memscope.agent.runtime.config import AgentOptions
 from memscope.errors import UserError as CliError
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import memscope
-from memscope.agent.config import ENV_DB, ENV_OPTIONS, ENV_PATH, ENV_SKIP_CHILD_OF, ENV_SUPERVISOR
+from memscope.agent.runtime.config import ENV_DB, ENV_OPTIONS, ENV_PATH, ENV_SKIP_CHILD_OF, ENV_SUPERVISOR
 from memscope.runners.workers import WorkerSampler
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(memscope.__file__)), "agent", "bootstrap")
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(memscope.__file__)), "agent", "runtime", "bootstrap")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _SI_KERNEL = 0x80  # si_code of a signal the kernel sent (a terminal's ^C goes to the whole group)
 _LAUNCHERS = {"torchrun", "torch.distributed.run", "torch.distributed.launch"}

@@ -1,4 +1,4 @@
-"""Module names as the model the user built names them (memscope.agent.module_names), in
+"""Module names as the model the user built names them (memscope.agent.torchcompat.module_names), in
 process: the outermost container, wrappers transparent."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from memscope.agent.module_names import dotted_names, outermost
+from memscope.agent.torchcompat.module_names import dotted_names, outermost
 
 
 class Holder(nn.Module):

@@ -43,7 +43,7 @@ def _fake_peak(mod: Any) -> None:
 
 
 def _census_activations(mod: Any) -> None:
-    """The at-failure OOM census's activations (imported by memscope.agent.oom after this)."""
+    """The at-failure OOM census's activations (imported by memscope.agent.collectors.oom after this)."""
     orig = mod.census
 
     def census(*args: Any, **kw: Any) -> Any:
@@ -71,8 +71,8 @@ def _layer_bytes(mod: Any) -> None:
 
 MUTANTS: dict[str, tuple[str, Callable[[Any], None]]] = {
     "fake_peak": ("memscope.runners.fake_estimate", _fake_peak),
-    "census_activations": ("memscope.agent.oom_census", _census_activations),
-    "layer_bytes": ("memscope.agent.layers", _layer_bytes),
+    "census_activations": ("memscope.agent.collectors.oom_census", _census_activations),
+    "layer_bytes": ("memscope.agent.collectors.layers", _layer_bytes),
 }
 
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from memscope.agent import techniques
-from memscope.agent.techniques import TensorPeak
+from memscope.agent.whatif import techniques
+from memscope.agent.whatif.techniques import TensorPeak
 
 mode = sys.argv[1]
 if "--skip-sparse" in sys.argv:

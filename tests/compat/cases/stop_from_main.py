@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import memscope
-from memscope.agent import api
+from memscope.agent.runtime import api
 
 from _common import finish, seed
 

@@ -1,0 +1,1 @@
+"""What the agent measures in the training process: samples, steps, layers, leaks, OOMs."""

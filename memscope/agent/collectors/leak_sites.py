@@ -1,0 +1,562 @@
+"""Where a suspect leak's tensors come from: creation site (``file:line``) and module, on CPU.
+
+Armed only once an inventory marks a group as a suspect (it grew at the last inventories), for
+that group's signature, over three step boundaries:
+
+* **capture** (two steps from the arming boundary: a boundary at ``optimizer.step()`` falls
+  between a step's forward and the code after its optimizer step, where things are often
+  stored, so one step would see each part from a different iteration): a ``TorchFunctionMode`` sees the outermost
+  torch call the script makes (``torch.randn``, ``t.detach()``, ``F.cross_entropy`` ...) and, for a
+  result of the suspect's signature, records a *candidate*: a weak reference to the result, the
+  first Python frame outside torch and memscope (``file:line``), and the module whose forward
+  produced its storage (global forward hooks map output tensors to modules while capturing; a
+  ``.detach()`` of a module output shares its storage). Candidates per signature are bounded.
+* **store** (until one more boundary): the line that *stored* a candidate, when it is not the one
+  that created it (``loss = ...`` on one line, ``history.append(loss)`` later): a line tracer on
+  the candidate's frame (``sys.settrace`` with no per-call tracing, ``f_trace`` on that frame only)
+  watches the candidate's reference count; the line after which it rose is where it was stored.
+  Skipped when a tracer (debugger, coverage) is already installed: the site is then the creation
+  line.
+* **resolve** (one full step after the capture steps): candidates that died were temporaries of a
+  step (``x = torch.randn(...)`` replaced by the next step's); the survivors are the leaked tensors.
+  Their site (store line, else creation line) and module are the answer for the signature.
+
+Cost: Python-level work on every torch call of two steps and a trace call per Python call for up
+to three steps, once per suspect; nothing at all otherwise. Only weak references to tensors are
+kept; the frame is never kept (the tracer receives it per event).
+
+``torch.compile``: a function mode on the stack is part of Dynamo's guards (pushing one would
+recompile every compiled function called under it) and global module hooks make
+``OptimizedModule.__call__`` warn, so nothing is armed once Dynamo has compiled anything in the
+process (the leak is still reported, with its holder, without site and module), and an arming
+in progress stops the moment ``torch.compile(module)`` builds a compiled module. The mode and
+hooks return at once while Dynamo traces.
+
+Threads: the mode sits on the training thread's own (thread-local) stack. When ``disarm`` runs
+on another thread (``memscope.stop()`` from the main thread while a worker thread trains), the
+mode turns inert at once and the training thread pops it itself at its next Python call: the
+trace function memscope set on that thread when arming sees the orphan and removes it, then
+itself. (With a debugger or coverage tracer owning that thread's tracing, the inert mode stays.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+import threading
+import weakref
+from collections import Counter, deque
+from typing import Any, NamedTuple
+
+import torch
+from torch.nn.modules import module as _nn_module
+from torch.overrides import TorchFunctionMode
+
+from memscope.agent.torchcompat.compiled import CompileWatch, compile_used, is_compiling, runtime_only, shield
+from memscope.agent.torchcompat.module_names import module_path
+from memscope.agent.torchcompat.unseen import unseen
+
+Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
+
+class Site(NamedTuple):
+    """Where a leaked group's tensors are kept (``stored``: the line that put them in their
+    container, else the creating line), where they were made, and by which module's forward."""
+
+    stored: str | None
+    created: str | None
+    module: str | None
+
+
+MAX_CANDIDATES = 32  # per signature, in the capture step
+_SKIP_DIRS = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch,) if getattr(m, "__file__", None))
+_MEMSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _user_frame(frame: Any) -> Any:
+    """The first frame outside torch (the code that made the torch call), or None when that is
+    memscope itself (the layer profiler's pack hook detaching what autograd saves, say)."""
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not fn.startswith(_SKIP_DIRS) and not fn.startswith("<frozen"):
+            return None if fn.startswith(_MEMSCOPE_DIR) else frame
+        frame = frame.f_back
+    return None
+
+
+def _where(filename: str, line: int) -> str:
+    """``file:line``, the file relative to the working directory when it is under it."""
+    try:
+        rel = os.path.relpath(filename)
+        if not rel.startswith(".."):
+            filename = rel
+    except ValueError:
+        pass
+    return f"{filename}:{line}"
+
+
+class _Candidate:
+    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line")
+
+    def __init__(self, sig: Signature, ref: Any, created: str, module: Any) -> None:
+        self.sig = sig
+        self.ref = ref
+        self.created = created
+        self.stored: str | None = None
+        self.module = module  # weakref to the module whose forward produced its storage, or None
+        self.baseline: int | None = None
+        self.last_line: int | None = None
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, owner: "SiteCapture") -> None:
+        super().__init__()
+        self.owner = owner
+
+    @runtime_only
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if is_compiling():
+            return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.owner.capturing:
+            try:
+                self.owner._see(out, sys._getframe(1))
+            except Exception:
+                pass
+        return out
+
+
+class SiteCapture:
+    """One arming at a time; ``boundary`` runs at every step boundary on the training thread."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+        self._phase: str | None = None  # None | capture | capture2 | store
+        self._armed: dict[tuple[Any, ...], Signature] = {}  # torch-level match key -> signature
+        self._shapes: set[tuple[int, ...]] = set()
+        self._candidates: list[_Candidate] = []
+        self._per_sig: Counter[Signature] = Counter()
+        self._mode: _Mode | None = None
+        self._hooks: list[Any] = []
+        self._stack: list[Any] = []  # modules whose forward runs (capture step only)
+        self._outputs: dict[int, tuple[Any, Any]] = {}  # storage ptr -> weakrefs (output, module)
+        self._tracing = False
+        self._thread: int | None = None
+        self._pending: set[Signature] = set()
+        self.results: dict[Signature, Site] = {}
+        self._watch = CompileWatch(self._on_compiled)
+        self.skipped: str | None = None  # why the last arming did not happen, if it did not
+        shield.add(self._hook_handles)  # out of Dynamo's sight while it compiles
+
+    def _hook_handles(self) -> list[Any]:
+        return list(self._hooks)
+
+    # -- arming and the step boundaries --------------------------------------------------------
+
+    def request(self, sigs: set[Signature] | frozenset[Signature]) -> None:
+        """Ask for the sites of ``sigs``; capture starts at ``start_pending`` when idle."""
+        self._pending |= set(sigs)
+
+    def start_pending(self) -> None:
+        """At a step boundary: start capturing for the pending signatures, unless an arming
+        is in progress (they wait for it to end)."""
+        if self._phase is None and self._pending:
+            sigs, self._pending = self._pending, set()
+            self.arm(sigs)
+
+    def arm(self, sigs: set[Signature]) -> None:
+        """Start capturing for ``sigs`` now (the step that starts at this boundary)."""
+        if self._phase is not None:
+            return
+        armed: dict[tuple[Any, ...], Signature] = {}
+        for sig in sigs:
+            cat, dtype, shape, device, rg, fn = sig
+            if cat not in ("activations", "other"):  # parameters, gradients, state: not made by code
+                continue
+            try:
+                dims = tuple(int(d) for d in json.loads(shape))
+            except Exception:
+                continue
+            armed[(dims, dtype, device, bool(rg), fn)] = sig
+        if not armed:
+            return
+        if compile_used():
+            self.skipped = "torch.compile is in use (a function mode would recompile its graphs)"
+            return
+        self._armed = armed
+        self._shapes = {k[0] for k in armed}
+        self._candidates = []
+        self._per_sig = Counter()
+        self._outputs = {}
+        self._thread = threading.get_ident()
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        self._hooks = [_nn_module.register_module_forward_pre_hook(self._pre),
+                       _nn_module.register_module_forward_hook(self._post)]
+        self._watch.install()
+        self._phase = "capture"
+        self.capturing = True
+        _ACTIVE[:] = [self]
+        # The trace function on this thread, from now on: it is how an orphaned mode is
+        # removed by this thread (see the module doc). Not over a debugger's or coverage's.
+        if sys.gettrace() is None:
+            sys.settrace(_global_trace)
+            self._tracing = True
+
+    def boundary(self) -> dict[Signature, "Site"]:
+        """At a step boundary: move capture -> store -> resolved. Returns the signatures
+        resolved at this boundary, else {}."""
+        if self._phase == "capture":
+            self._phase = "capture2"
+            return {}
+        if self._phase == "capture2":
+            self._stop_capture()
+            self._phase = "store"
+            return {}
+        if self._phase == "store":
+            out = self._resolve()
+            self.disarm()
+            return out
+        return {}
+
+    def disarm(self, pending: bool = False) -> None:
+        """Remove everything (also at stop, with ``pending=True``: forget the waiting ones
+        too); idempotent."""
+        if pending:
+            self._pending = set()
+        if _ACTIVE and _ACTIVE[0] is self:
+            _ACTIVE.clear()
+        self._stop_capture()
+        if self._tracing:
+            self._tracing = False
+            if threading.get_ident() == self._thread:
+                if sys.gettrace() is _global_trace:
+                    sys.settrace(None)
+            elif self._thread is not None:
+                _ORPHANS.setdefault(self._thread, None)  # that thread drops its tracer itself
+        self._phase = None
+        self._candidates = []
+        self._armed = {}
+        self._outputs = {}
+        self._watch.remove()
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker forked during an arming): the thread state
+        came along; drop the tracer and our mode so the worker runs untraced."""
+        _ACTIVE.clear()
+        self.capturing = False
+        self._stop_capture()
+        if self._tracing:
+            self._tracing = False
+            if sys.gettrace() is _global_trace:
+                sys.settrace(None)
+        self._phase = None
+        self._candidates = []
+
+    def _stop_capture(self) -> None:
+        self.capturing = False
+        for h in self._hooks:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._hooks = []
+        self._stack = []
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            try:
+                # pop ours only when it is on top (a mode the script pushed since stays put; ours
+                # then passes calls through untouched)
+                if threading.get_ident() != self._thread:
+                    if self._thread is not None:  # that thread's stack: it pops it itself
+                        _ORPHANS[self._thread] = mode
+                elif torch.overrides._get_current_function_mode() is mode:
+                    mode.__exit__(None, None, None)
+            except Exception:
+                pass
+
+    def _on_compiled(self, optimized: Any, wrapped: Any) -> None:
+        """torch.compile(module) during an arming: stop capturing before the compiled module
+        can be called (global hooks make it warn; the mode would recompile it)."""
+        self.skipped = "torch.compile was used during the capture"
+        self._stop_capture()
+        self._phase = "store" if self._phase is not None else None
+
+    # -- capture -------------------------------------------------------------------------------
+
+    @runtime_only
+    def _pre(self, module: Any, args: Any) -> None:
+        if is_compiling():
+            return
+        if self.capturing and threading.get_ident() == self._thread:
+            self._stack.append(module)
+
+    @unseen
+    @runtime_only
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        if is_compiling():
+            return
+        if not (self.capturing and threading.get_ident() == self._thread):
+            return
+        try:
+            if self._stack and self._stack[-1] is module:
+                self._stack.pop()
+            if isinstance(output, torch.Tensor):
+                ptr = output.untyped_storage().data_ptr()
+                if ptr:
+                    self._outputs[ptr] = (weakref.ref(output), weakref.ref(module))
+        except Exception:
+            pass
+
+    @unseen  # reading shape, grad_fn, storage of the program's tensor subclass: not seen by it
+    def _see(self, out: Any, caller: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        if type(out) in (tuple, list):
+            for o in out[:8]:
+                self._see(o, caller)
+            return
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) not in self._shapes:
+            return
+        fn = out.grad_fn
+        key = (tuple(out.shape), str(out.dtype).replace("torch.", ""), str(out.device),
+               bool(out.requires_grad), type(fn).__name__ if fn is not None else None)
+        sig = self._armed.get(key)
+        if sig is None or self._per_sig[sig] >= MAX_CANDIDATES:
+            return
+        frame = _user_frame(caller)
+        if frame is None:
+            return
+        self._per_sig[sig] += 1
+        module = None
+        ptr = out.untyped_storage().data_ptr()
+        produced = self._outputs.get(ptr)
+        if produced is not None:
+            o = produced[0]()
+            if o is not None and o.untyped_storage().data_ptr() == ptr:
+                module = produced[1]
+            del o
+        cand = _Candidate(sig, weakref.ref(out), _where(frame.f_code.co_filename, frame.f_lineno),
+                          module)
+        self._candidates.append(cand)
+        self._trace(frame, cand)
+
+    # -- the line that stores a candidate --------------------------------------------------------
+
+    def _trace(self, frame: Any, cand: _Candidate) -> None:
+        current = sys.gettrace()
+        if current is not None and current is not _global_trace:
+            return  # a debugger or coverage owns tracing: keep the creation line
+        if current is None:
+            sys.settrace(_global_trace)
+            self._tracing = True
+        tracer = frame.f_trace
+        if isinstance(tracer, _LineTracer):
+            if not tracer.callee:  # a callee's tracer already watches every candidate
+                tracer.cands.append(cand)
+        else:
+            frame.f_trace = _LineTracer(self, cand)
+            frame.f_trace_lines = True
+
+    # -- resolve -------------------------------------------------------------------------------
+
+    def _resolve(self) -> dict[Signature, "Site"]:
+        by_sig: dict[Signature, list[_Candidate]] = {}
+        alive = [c for c in self._candidates if c.ref() is not None]  # survived a whole step
+        held = _held_in_containers([c.ref() for c in alive])
+        for c in alive:
+            by_sig.setdefault(c.sig, []).append(c)
+        out: dict[Signature, Site] = {}
+        for sig, cands in by_sig.items():
+            # a survivor in a container (list, dict, deque, set; not a module's globals: one
+            # variable does not grow) is the leaked kind; else any survivor
+            cands = [c for c in cands if id(c.ref()) in held] or cands
+            site = Counter(c.stored or c.created for c in cands).most_common(1)[0][0]
+            created = Counter(c.created for c in cands).most_common(1)[0][0]
+            mods = Counter(m for m in (c.module() if c.module is not None else None
+                                       for c in cands) if m is not None)
+            name = module_path(mods.most_common(1)[0][0]) if mods else None
+            mods.clear()
+            out[sig] = Site(site, created, name)
+        self.results.update(out)
+        return out
+
+
+_CONTAINERS = (list, dict, set, deque)
+
+
+def _held_in_containers(tensors: list[Any]) -> set[int]:
+    """ids of the ``tensors`` some container refers to (one gc referrer scan for all)."""
+    import gc
+
+    given = tensors
+    tensors = [t for t in given if t is not None]
+    given.clear()
+    if not tensors:
+        return set()
+    ids = {id(t) for t in tensors}
+    modules = {id(vars(m)) for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    modules.add(id(tensors))  # not a container of the script's: our own argument list
+    out: set[int] = set()
+    refs = gc.get_referrers(*tensors)
+    try:
+        for r in refs:
+            if type(r) in _CONTAINERS and id(r) not in modules:
+                vals = r.values() if type(r) is dict else r
+                out.update(id(v) for v in vals if id(v) in ids)
+    finally:
+        refs.clear()
+        tensors.clear()
+    return out
+
+
+def _in_container(t: Any, frame: Any) -> bool:
+    """Whether a container the frame can name just took ``t``: the tail of a list or deque, the
+    last value of a dict, a set, among the frame's local variables and their attributes and its
+    module's globals (``history.append(t)``, ``self.cache[k] = t``). Cheap (no gc scan): it runs on every rise
+    of a candidate's reference count, and autograd saving a tensor is such a rise too."""
+    try:
+        values = list(frame.f_locals.values())
+        module_vars = [] if frame.f_locals is frame.f_globals else list(frame.f_globals.values())
+    except Exception:
+        return False
+    try:
+        if any(_holds(v, t) for v in module_vars):  # a module-level list, from a function
+            return True
+        for v in values:
+            if _holds(v, t):
+                return True
+            if type(v) not in _CONTAINERS and not isinstance(v, (type, torch.Tensor)):
+                d = getattr(v, "__dict__", None)
+                if type(d) is dict and d is not frame.f_globals:
+                    if any(_holds(a, t) for a in list(d.values())[:64]):
+                        return True
+        return False
+    finally:
+        values.clear()
+        module_vars.clear()
+
+
+def _holds(c: Any, t: Any) -> bool:
+    tc = type(c)
+    if tc is list or tc is deque:
+        return any(x is t for x in list(c)[-4:]) if c else False
+    if tc is dict:
+        return bool(c) and next(reversed(c.values())) is t
+    if tc is set:
+        return any(x is t for x in c) if len(c) < 1024 else False
+    return False
+
+
+# thread id -> a mode memscope left on that thread's stack (None: only its tracer), to be
+# removed by that thread (disarmed from another one)
+_ORPHANS: dict[int, Any] = {}
+
+
+# the arming whose candidates are watched (at most one at a time)
+_ACTIVE: list["SiteCapture"] = []
+# frames never watched for a store: torch, memscope, the standard library
+_NOT_USER = _SKIP_DIRS + (_MEMSCOPE_DIR, sysconfig.get_paths()["stdlib"] + os.sep, "<")
+
+
+@runtime_only
+def _global_trace(frame: Any, event: str, arg: Any) -> Any:
+    if _ORPHANS:
+        _sweep()
+    if event == "call" and _ACTIVE:
+        return _callee_tracer(frame)
+    return None  # no per-call tracing otherwise: only frames given a _LineTracer are traced
+
+
+def _callee_tracer(frame: Any) -> Any:
+    """While candidates wait for their store line, a function of the user's called meanwhile is
+    watched too: a callback that keeps ``trainer.loss`` stores it in its own frame, not in the
+    loop that called it."""
+    owner = _ACTIVE[0]
+    if not (owner._tracing and owner._candidates) or threading.get_ident() != owner._thread:
+        return None
+    if frame.f_code.co_filename.startswith(_NOT_USER):
+        return None
+    return _LineTracer(owner, None)
+
+
+def _sweep() -> None:
+    """On a thread left with memscope's mode or tracer by a disarm from another thread: pop the
+    mode once it is on top of this thread's stack (not while it runs, nor under a mode the
+    script pushed since), then stop tracing this thread."""
+    tid = threading.get_ident()
+    if tid not in _ORPHANS:
+        return
+    mode = _ORPHANS[tid]
+    try:
+        if mode is not None:
+            if torch.overrides._get_current_function_mode() is not mode:
+                return  # ours is running, or under another mode: next call
+            mode.__exit__(None, None, None)
+        del _ORPHANS[tid]
+        if sys.gettrace() is _global_trace:
+            sys.settrace(None)
+    except Exception:
+        _ORPHANS.pop(tid, None)
+
+
+class _LineTracer:
+    """``f_trace`` of a frame that created candidates: the line after which a candidate's
+    reference count rose is the line that stored it."""
+
+    def __init__(self, owner: SiteCapture, cand: _Candidate | None) -> None:
+        self.owner = owner
+        # a called function's tracer watches all of the arming's candidates (the same list)
+        self.callee = cand is None
+        self.cands = owner._candidates if cand is None else [cand]
+
+    @runtime_only
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if not self.owner._tracing:
+            return None
+        try:
+            if event in ("line", "return"):
+                line = frame.f_lineno
+                for c in self.cands:
+                    if c.stored is not None:
+                        continue
+                    t = c.ref()
+                    if t is None:
+                        continue
+                    rc = sys.getrefcount(t)
+                    if c.baseline is None:
+                        c.baseline = rc  # the creating line is over: what holds it now
+                    elif rc > c.baseline and c.last_line is not None:
+                        if _in_container(t, frame):
+                            c.stored = _where(frame.f_code.co_filename, c.last_line)
+                        else:  # an alias in a variable, or autograd saving it: not a store
+                            c.baseline = rc
+                    del t
+                    c.last_line = line
+            if event == "return":
+                self._follow(frame.f_back)
+        except Exception:
+            return None
+        return self
+
+    def _follow(self, caller: Any) -> None:
+        """The creating frame returns (a model's ``forward`` that made the loss) with candidates
+        still unstored and alive: the line that keeps them is in a caller (``history.append(loss)``
+        in the training loop), so its frame is traced next, from its next line on."""
+        cands = [c for c in self.cands if c.stored is None and c.ref() is not None]
+        if not cands or not self.owner._tracing:
+            return
+        caller = _user_frame(caller)  # out of torch's own frames (Module._call_impl)
+        if caller is None:
+            return
+        for c in cands:
+            c.baseline = c.last_line = None  # the caller's next line sets what holds it then
+        tracer = caller.f_trace
+        if isinstance(tracer, _LineTracer):
+            if not tracer.callee:
+                tracer.cands.extend(c for c in cands if c not in tracer.cands)
+        elif tracer is None:
+            caller.f_trace = _LineTracer(self.owner, cands[0])
+            caller.f_trace.cands.extend(cands[1:])
+            caller.f_trace_lines = True

@@ -1,0 +1,1 @@
+"""Fake runs for ``memscope estimate`` / ``fit``: the script under FakeTensorMode, no memory."""

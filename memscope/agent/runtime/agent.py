@@ -1,0 +1,537 @@
+"""The agent: everything memscope runs inside the training process, wired together.
+
+Rules it keeps (DESIGN.md section 5): it never raises into the training, a failing collector
+disables itself and leaves an event in the run file, it keeps no reference to a tensor, and the
+training thread only ever enqueues rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import sqlite3
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import psutil
+import torch
+
+from memscope.agent.collectors import cuda
+from memscope.agent.torchcompat import frameworks
+from memscope.agent.torchcompat.compiled import compiled_seen
+from memscope.agent.runtime.config import ENV_DB_ID, ENV_SUPERVISOR, AgentOptions, techniques_wanted
+from memscope.agent.collectors.layers import LayerProfiler
+from memscope.agent.collectors.leak_collector import LeakCollector
+from memscope.agent.collectors.oom import OomRecorder, is_oom
+from memscope.agent.collectors.oom_hooks import alloc_conf
+from memscope.agent.collectors.sampler import SamplerThread, StepPeak, rss_high_water_mark
+from memscope.agent.collectors.steps import StepTracker
+from memscope.agent.runtime.watchdog import SupervisorWatch
+from memscope.store.runs import finish_run, register_process
+from memscope.store.schema import RunFileError
+from memscope.store.writer import RunWriter
+
+_DEVICE_RESCAN_S = 1.0
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _file_id(owns_run: bool) -> tuple[int, int] | None:
+    """The run file's (st_dev, st_ino) as attach's supervisor created it, so a file put in its
+    place before this process opened it is noticed too; None: the writer takes it at open."""
+    raw = os.environ.get(ENV_DB_ID, "") if not owns_run else ""
+    try:
+        dev, ino = raw.split(":")
+        return int(dev), int(ino)
+    except ValueError:
+        return None
+
+
+class Agent:
+    def __init__(self, db: str, options: AgentOptions, owns_run: bool) -> None:
+        self.db = db
+        self.options = options
+        self.owns_run = owns_run  # memscope.start() created the run file; attach's supervisor did not
+        self.proc_id: int | None = None
+        self.running = False
+        self.samples = 0
+        self._sampled_at = 0.0  # when the last sample was taken
+        self.device = "cpu"
+        self._lock = threading.Lock()
+        # The sampler thread and the training thread (at step boundaries) both take samples;
+        # one at a time keeps the sample count and the CUDA device list consistent.
+        self._tick_lock = threading.Lock()
+        self._process = psutil.Process()
+        self._writer = RunWriter(db, options.queue_size, options.flush_interval,
+                                 file_id=_file_id(owns_run))
+        self._tracker = StepTracker(self._on_step_close)
+        self._tracker.on_close_error = self._step_close_failed
+        self._step_failures: set[str] = set()  # parts of a step boundary that failed (said once)
+        self._sampler = SamplerThread(options.sample_hz, self._tick, self._sampler_failed)
+        self._rss_peak = StepPeak(rss_high_water_mark())
+        self._cuda_enabled = True
+        self._cuda_devices: list[int] = []
+        self._cuda_peaks: dict[int, tuple[StepPeak, StepPeak]] = {}
+        self._cuda_scanned = 0.0
+        self._cuda_limits: dict[int, int | None] = {}  # device -> bytes it may use (OOM arming)
+        self._nvml: cuda.Nvml | None = None
+        self._nvml_enabled = options.nvml
+        self._nvml_last = 0.0
+        self._layers_enabled = options.layers_every > 0
+        self._layers = LayerProfiler(in_optimizer=lambda: self._tracker.phase == "optimizer")
+        self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
+        self._last_breakdown: dict[str, Any] | None = None
+        self._oom = OomRecorder(self)
+        self._watch: SupervisorWatch | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.proc_id = register_process(self.db, {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "rank": _env_int("RANK"),
+            "local_rank": _env_int("LOCAL_RANK"),
+            "world_size": _env_int("WORLD_SIZE"),
+            "argv": json.dumps(sys.argv),
+            "device": "cpu",
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "options": self.options.to_json(),
+            "started": time.time(),
+            "heartbeat": time.time(),
+            "status": "running",
+        })
+        # the writer stamps this row about every second: heartbeat, drop count, samples so far
+        self._writer.proc_id = self.proc_id
+        self._writer.samples = lambda: self.samples
+        self._writer.start()
+        self._tracker.install()
+        self._tracker.on_error = self._backward_error
+        # torch.compile(module) results, seen being built: asking costs nothing per step
+        self._guard_call("compile", compiled_seen.start)
+        self._guard_call("oom", self._oom.install)
+        self._whatif = None  # max_steps, try_techniques, simulate_gpu, tensor_peak (memscope whatif)
+        if techniques_wanted(self.options):
+            from memscope.agent.whatif.techniques import Controller
+            self._whatif = Controller(self)
+            self._guard_call("techniques", self._whatif.install)
+        self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
+        self.running = True
+        self._tick()  # a first sample at t0, before any training
+        self._sampler.start()
+        supervisor = _env_int(ENV_SUPERVISOR)
+        if supervisor is not None and not self.owns_run:
+            self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
+            self._watch.start()
+        self._layers_next(0)
+
+    def _supervisor_gone(self, pid: int) -> None:
+        """``memscope attach`` died without ending the run (SIGKILL): say so, flush, and end
+        this process too, as its direct child the kernel already would (PR_SET_PDEATHSIG)."""
+        try:
+            self.event("supervisor_gone", f"memscope attach (pid {pid}) died during the run; "
+                                          "the training was ended with it")
+            self._writer.close(timeout=2.0)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Remove hooks, flush, and record how this process ended. Idempotent."""
+        if not self.running:
+            return
+        if self._watch is not None:
+            self._watch.stop()
+        self._tracker.remove()
+        self._layers_stop()
+        if self._whatif is not None:
+            self._whatif.stop()
+        self._leaks.stop()
+        self._sampler.stop()
+        try:
+            self._tick()  # the last sample
+        except Exception:
+            pass
+        self._guard_call("oom", self._oom_finish)
+        self._guard_call("compile", compiled_seen.stop)
+        self.running = False
+        self._writer.close()
+        if self._nvml is not None:
+            self._nvml.close()
+        self._finish_process_row()
+        if self.owns_run and self._writer.file_gone() is None:
+            try:
+                finish_run(self.db, exit_code=None, signal=None, status="finished")
+            except RunFileError:
+                pass  # nothing to write it to; readers call the run abandoned once we are gone
+
+    def disable_after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): inherited hooks become no-ops; no threads
+        exist here and none are started."""
+        self.running = False
+        self._tracker.enabled = False
+        self._layers.active = False
+        self._leaks.after_fork()
+
+    # -- per-layer profiling -------------------------------------------------------------------
+
+    def _layers_next(self, step: int) -> None:
+        """At the boundary before ``step``: install the layer hooks if it is a profiled step."""
+        if not (self._layers_enabled and self.running and self.options.profiles_layers(step)):
+            return
+        try:
+            self._layers.begin(step)
+            if self._layers.saved_hooks_error:
+                self.event("warning", f"layers: saved tensors not measured in step {step}: "
+                                      f"{self._layers.saved_hooks_error}")
+        except Exception as exc:
+            self._layers_failed(exc)
+
+    def _layers_close(self, step: int) -> None:
+        """At the boundary that ends a profiled step: remove the hooks and write its rows."""
+        if not self._layers.active:
+            return
+        try:
+            rows = self._layers.end()
+            if self._layers.step != step:
+                return  # hooks installed for a step that never ran as such
+            for r in rows:
+                self._writer.insert("layer_stats", {
+                    "proc": self.proc_id, "step": step, "module": r.name, "type": r.type,
+                    "calls": r.calls, "saved_bytes": r.saved_bytes,
+                    "saved_tensors": r.saved_tensors, "output_bytes": r.output_bytes,
+                    "forward_s": r.forward_s, "backward_s": r.backward_s,
+                    "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak,
+                    "micro_batches": self._layers.micro_batches})
+            closure, micro = self._layers.closure_forwards, self._layers.micro_batches
+            if closure >= 2:  # one is a wrapper's (Lightning runs training_step in a closure)
+                self.event("closure", f"step {step}: {closure} of its {micro} forwards ran inside "
+                           "optimizer.step() (a closure the optimizer evaluates, as LBFGS does)",
+                           {"step": step, "forwards": closure, "micro_batches": micro})
+            if self._layers.saved_hooks_error is None:
+                bd = self._layers.breakdown(list(self._tracker.optimizers))
+                self._writer.insert("step_breakdown", {"proc": self.proc_id, "step": step, **bd})
+                self._last_breakdown = {"step": step, **bd}
+        except Exception as exc:
+            self._layers_failed(exc)
+
+    def _layers_stop(self) -> None:
+        try:
+            if self._layers.active:
+                self._layers.end()  # a step cut short: its rows are not written
+        except Exception:
+            pass
+
+    def _layers_failed(self, exc: BaseException) -> None:
+        self._layers_enabled = False
+        try:
+            self._layers.end()
+        except Exception:
+            pass
+        self.event("collector_disabled", f"layers: {type(exc).__name__}: {exc}")
+
+    def step(self) -> None:
+        if self.running:
+            self._tracker.manual_step()
+
+    # -- the collectors' interface (memscope.agent.collectors.host.CollectorHost) -------------------------
+
+    @property
+    def current_step(self) -> int:
+        return self._tracker.step
+
+    @property
+    def step_start(self) -> float:
+        return self._tracker.step_start
+
+    @property
+    def phase(self) -> str:
+        return self._tracker.phase
+
+    def insert(self, table: str, row: dict[str, Any]) -> bool:
+        return self._writer.insert(table, row)
+
+    def optimizers(self) -> list[Any]:
+        return list(self._tracker.optimizers)
+
+    def graph_saved_ids(self) -> set[int]:
+        return self._layers.saved_alias_ids()
+
+    def rss(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def module_prefix(self, module: Any) -> str:
+        return self._layers.root_prefix(module)
+
+    def module_name(self, module: Any) -> str | None:
+        return self._layers.module_name(module)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def _tick(self, wait: bool = True) -> None:
+        """One sample of every enabled collector (sampler thread, and at step boundaries).
+
+        ``wait=False`` (the training thread at a step boundary): when the sampler is taking a
+        sample right now, that one stands for the boundary, and the step never waits on it
+        (an NVML reading can take milliseconds)."""
+        if not self.running:
+            return
+        if not wait and time.time() - self._sampled_at < 0.5 / self.options.sample_hz:
+            # steps far shorter than the sampling interval: the step row's own reading at this
+            # boundary (end_rss, the step's peak) stands for it; a sample per boundary of 2,000
+            # steps a second cost a /proc read and a row each
+            return
+        if not self._tick_lock.acquire(blocking=wait):
+            return
+        try:
+            self._sample_once()
+        finally:
+            self._tick_lock.release()
+
+    def _sample_once(self) -> None:
+        t = self._sampled_at = time.time()
+        rss = self._process.memory_info().rss
+        with self._lock:
+            self._rss_peak.observe(rss)
+            step = self._tracker.step
+        if self._writer.insert("samples", {"proc": self.proc_id, "t": t, "step": step,
+                                           "phase": self._tracker.phase, "rss": rss}):
+            self.samples += 1
+        if self._cuda_enabled:
+            self._guard("cuda", self._tick_cuda, t)
+        if self._nvml_enabled and self._cuda_devices and t - self._nvml_last >= self.options.nvml_interval:
+            self._nvml_last = t
+            self._guard("nvml", self._tick_nvml, t)
+
+    def _tick_cuda(self, t: float) -> None:
+        if t - self._cuda_scanned >= _DEVICE_RESCAN_S:
+            self._cuda_scanned = t
+            devices = cuda.cuda_devices_in_use()
+            if devices:
+                self._guard_call("oom", self._oom.attach_cuda_observer)  # CUDA is initialised now
+            if devices and not self._cuda_devices:
+                self.device = "cuda" if len(devices) > 1 else f"cuda:{devices[0]}"
+                self._writer.execute("UPDATE processes SET device = ? WHERE id = ?",
+                                     (self.device, self.proc_id))
+                self._guard_call("cuda", self._cuda_first_seen)
+            for index in devices:
+                if index not in self._cuda_limits:
+                    self._cuda_limits[index] = cuda.device_limit(index, self.options.simulate_gpu)
+            self._cuda_devices = devices
+        for index in self._cuda_devices:
+            stats = cuda.read_device_stats(index)
+            with self._lock:
+                if index not in self._cuda_peaks:
+                    self._cuda_peaks[index] = (StepPeak(stats["allocated_peak"]),
+                                               StepPeak(stats["reserved_peak"]))
+                alloc_peak, reserved_peak = self._cuda_peaks[index]
+                alloc_peak.observe(stats["allocated"])
+                reserved_peak.observe(stats["reserved"])
+            self._writer.insert("cuda_samples", {"proc": self.proc_id, "t": t, "device": index, **stats})
+
+    def _cuda_first_seen(self) -> None:
+        """Once CUDA is in use: the allocator configuration, for the fragmentation advice."""
+        conf = alloc_conf()
+        self.event("cuda_allocator", f"allocator configuration: {conf or '(default)'}",
+                   {"alloc_conf": conf, "expandable_segments": cuda.expandable_segments(conf)})
+
+    def _tick_nvml(self, t: float) -> None:
+        if self._nvml is None:
+            self._nvml = cuda.Nvml()
+        for index in self._cuda_devices:
+            used, total = self._nvml.memory(index)
+            self._writer.insert("nvml_samples", {"proc": self.proc_id, "t": t, "device": index,
+                                                 "used": used, "total": total})
+
+    def _guard(self, name: str, fn: Any, t: float) -> None:
+        try:
+            fn(t)
+        except Exception as exc:
+            setattr(self, f"_{name}_enabled", False)
+            self.event("collector_disabled", f"{name}: {type(exc).__name__}: {exc}")
+
+    def _sampler_failed(self, exc: BaseException) -> None:
+        self.event("collector_disabled",
+                   f"sampler: {type(exc).__name__}: {exc}",
+                   {"traceback": traceback.format_exception(exc)[-3:]})
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _step_part(self, name: str, fn: Any) -> Any:
+        """One part of a step boundary; a failure (no file descriptor left to read /proc, say)
+        is said once in an event and the step row is written without that part."""
+        try:
+            return fn()
+        except Exception as exc:
+            if name not in self._step_failures:
+                self._step_failures.add(name)
+                self.event("warning", f"step boundary: {name} failed from step "
+                                      f"{self._tracker.step}: {type(exc).__name__}: {exc}",
+                           {"part": name, "error": f"{type(exc).__name__}: {exc}"})
+            return None
+
+    def _step_close_failed(self, step: int, exc: BaseException) -> None:
+        """A boundary that failed before its row was queued: the step is lost, and said so."""
+        self._writer.count_lost_step(f"a step boundary failed: {type(exc).__name__}: {exc}")
+
+    def _on_step_close(self, step: int, start: float, end: float) -> None:
+        self._step_part("layers", lambda: self._layers_close(step))
+        if step == 0:  # by the first boundary the trainer driving the loop is imported
+            self._guard_call("framework", self._note_framework)
+        self._step_part("sample", lambda: self._tick(wait=False))
+        hwm = rss_high_water_mark()
+        mem = self._step_part("memory reading", self._process.memory_info)
+        rss_now = int(mem.rss) if mem is not None else None
+        cuda_share = 0.0
+        with self._lock:
+            peak_rss = self._rss_peak.close(hwm, rss_now)
+            peak_alloc = peak_reserved = end_alloc = None
+            for index, (alloc, reserved) in self._cuda_peaks.items():
+                try:
+                    stats = cuda.read_device_stats(index)
+                except Exception:
+                    continue
+                peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
+                device_reserved = reserved.close(stats["reserved_peak"], stats["reserved"])
+                peak_reserved = (peak_reserved or 0) + device_reserved
+                end_alloc = (end_alloc or 0) + int(stats["allocated"] or 0)
+                limit = self._cuda_limits.get(index)
+                if limit:
+                    cuda_share = max(cuda_share, device_reserved / limit)
+        self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
+                                      "peak_rss": peak_rss, "peak_allocated": peak_alloc,
+                                      "peak_reserved": peak_reserved, "status": "ok",
+                                      "end_rss": rss_now, "end_allocated": end_alloc})
+        self._guard_call("oom", lambda: self._oom_step_close(
+            max(cuda_share, self._oom.host_share(peak_rss, getattr(mem, "vms", None))), step + 1))
+        # inventories (the memory level here can pull one forward), leak suspects' sites
+        level = end_alloc if end_alloc is not None else rss_now
+        self._step_part("inventory", lambda: self._leaks.step_closed(step, end - start, level or 0))
+        if self._whatif is not None:
+            self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
+        self._layers_next(step + 1)
+
+    # -- out-of-memory post-mortems ------------------------------------------------------------
+
+    def _backward_error(self, exc: BaseException) -> None:
+        if self.running and is_oom(exc):
+            self._oom.record(exc, exc.__traceback__, where="backward", phase="backward")
+
+    def latest_breakdown(self) -> dict[str, Any] | None:
+        """The breakdown of the last profiled step (parameters, gradients, ...), if any."""
+        return dict(self._last_breakdown) if self._last_breakdown else None
+
+    def _oom_step_close(self, memory_share: float, next_step: int) -> None:
+        """``memory_share``: the closed step's peak as a share of what the process may use."""
+        self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
+        self._oom.record_observed_leftovers(self)
+        profiled_next = self._layers_enabled and self.options.profiles_layers(next_step)
+        self._oom.step_closed(memory_share, profiled_next, self._layers.roots(),
+                              self.options.catch_forward_oom)
+
+    def nvml_memory(self, index: int) -> dict[str, int | None] | None:
+        """NVML's reading of a CUDA device now (used, total, this process's share), or None."""
+        if not self._nvml_enabled:
+            return None
+        try:
+            if self._nvml is None:
+                self._nvml = cuda.Nvml()
+            used, total = self._nvml.memory(index)
+            return {"used": used, "total": total,
+                    "process_used": self._nvml.process_used(index, os.getpid())}
+        except Exception:
+            return None
+
+    def _oom_finish(self) -> None:
+        """At stop: remove the hooks; a step in progress that hit an OOM is a failed step."""
+        self._oom.remove()
+        self._oom.record_observed_leftovers(self)
+        pending = self._oom.pending_failed
+        if pending is not None and pending["step"] == self._tracker.step:
+            self._oom.pending_failed = None
+            hwm = rss_high_water_mark()
+            rss_now = self._process.memory_info().rss
+            peak_alloc = peak_reserved = None
+            with self._lock:
+                peak_rss = self._rss_peak.close(hwm, rss_now)
+                # the failing step's CUDA peak too: it is the run's peak when memory ran out there
+                for index, (alloc, reserved) in self._cuda_peaks.items():
+                    try:
+                        stats = cuda.read_device_stats(index)
+                    except Exception:
+                        continue
+                    peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
+                    peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
+            self._writer.insert("steps", {"proc": self.proc_id, "step": pending["step"],
+                                          "start": pending["start"], "end": time.time(),
+                                          "peak_rss": peak_rss, "peak_allocated": peak_alloc,
+                                          "peak_reserved": peak_reserved, "status": "failed"})
+
+    def _guard_call(self, name: str, fn: Any) -> None:
+        """Run a no-argument collector call; on failure, say so once and carry on."""
+        try:
+            fn()
+        except Exception as exc:
+            self.event("collector_disabled", f"{name}: {type(exc).__name__}: {exc}")
+
+    # -- events and the final row --------------------------------------------------------------
+
+    def _note_framework(self) -> None:
+        found = frameworks.detect()
+        if found is not None:
+            version = f" {found['version']}" if found["version"] else ""
+            self.event("framework", f"{found['label']}{version} drives the training loop", found)
+
+    def recording_problem(self) -> str | None:
+        """Why this process's record is incomplete (the file never opened, structure rows lost),
+        or None; shed samples are not a problem (the report counts them)."""
+        w = self._writer
+        steps = f"{w.lost_steps} steps, " if w.lost_steps else ""
+        if w.error is not None:
+            return f"{w.error}; {steps}{w.dropped} rows were not recorded"
+        if w.dropped_structure:
+            return (f"{steps}{w.dropped_structure} rows were lost "
+                    f"({w.last_error or 'the writer fell behind'})")
+        return None
+
+    def event(self, kind: str, message: str, data: Any = None) -> None:
+        self._writer.insert("events", {"proc": self.proc_id, "t": time.time(),
+                                       "step": self._tracker.step, "kind": kind,
+                                       "message": message,
+                                       "data": json.dumps(data) if data is not None else None})
+
+    def _finish_process_row(self) -> None:
+        """The process row's last word. Never into a file that is no longer the run's; while
+        the file refuses writes (a lock), left in the spill file for the supervisor."""
+        writer = self._writer
+        if writer.file_gone() is not None:
+            return
+        now = time.time()
+        sql = ("UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
+               " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?")
+        params = (now, self.samples, writer.dropped, self._tracker.mode, self.device, now, self.proc_id)
+        if writer.handed_off or os.path.exists(writer.spill_path):
+            writer.spill_now(sql, params)  # after the rows waiting there, in order
+            return
+        conn = None
+        try:
+            conn = sqlite3.connect(self.db, timeout=writer.busy_timeout)
+            with conn:
+                conn.execute(sql, params)
+        except sqlite3.Error:
+            # the supervisor writes it once the file takes writes (or marks the process lost)
+            writer.spill_now(sql, params)
+        finally:
+            if conn is not None:
+                conn.close()

@@ -1,0 +1,132 @@
+"""Start the agent in a process launched by ``memscope attach``, as soon as torch is imported.
+
+The bootstrap ``sitecustomize`` calls :func:`install` in every Python process of the command.
+Waiting for ``import torch`` means memscope never imports torch into a process that did not ask
+for it (a tokenizer helper, ``pip``), and ``sys.argv`` is known by then.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from types import ModuleType
+from typing import Any, Sequence
+
+from memscope.agent.runtime.config import ENV_DB, ENV_SKIP_CHILD_OF
+
+
+def install() -> None:
+    if not os.environ.get(ENV_DB):
+        return
+    if "torch" in sys.modules:
+        _start()
+    else:
+        sys.meta_path.insert(0, _TorchWatcher())
+
+
+def _is_multiprocessing_child() -> bool:
+    # spawn/forkserver children unpickle their target (and import torch) while
+    # ``_inheriting`` is set; afterwards parent_process() is known. Forked children are handled
+    # by the agent's at-fork hook.
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return "--multiprocessing-fork" in sys.argv
+    current = mp.current_process()
+    return bool(getattr(current, "_inheriting", False)) or mp.parent_process() is not None \
+        or "--multiprocessing-fork" in sys.argv
+
+
+def should_instrument() -> tuple[bool, str]:
+    if _is_multiprocessing_child():
+        return False, "multiprocessing child (a DataLoader worker, say)"
+    skip = os.environ.get(ENV_SKIP_CHILD_OF)
+    if skip and skip == str(os.getppid()):
+        return False, "launcher process (torchrun); its workers are recorded"
+    return True, ""
+
+
+def _start() -> None:
+    ok, why = should_instrument()
+    if not ok:
+        if why.startswith("multiprocessing"):
+            _watch_unrecorded_training()
+        return
+    try:
+        from memscope.agent.runtime.api import start_from_env
+
+        start_from_env()
+    except Exception as exc:  # never break the user's script: say it once, carry on
+        print(f"memscope: recording disabled in pid {os.getpid()}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
+def _watch_unrecorded_training() -> None:
+    """A multiprocessing child is not recorded (DataLoader workers are many and train nothing).
+    One that trains (its optimizer steps) says so in the run file, once: a script that trains
+    only in a spawned child must not end with an empty record and no reason."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except Exception:  # noqa: BLE001 - an old torch: nothing to watch with
+        return
+    said: list[bool] = []
+
+    def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
+        # left installed (removing a hook while torch iterates over them breaks the step);
+        # it does nothing after the first call, or once the process records itself
+        if said:
+            return
+        said.append(True)
+        try:
+            from memscope.agent.runtime.api import current
+            from memscope.store.runs import add_event
+
+            if current() is not None:  # memscope.start() in the child: it is recorded
+                return
+
+            add_event(os.environ[ENV_DB], "agent_missing",
+                      f"recording incomplete: pid {os.getpid()}, a process started by "
+                      "multiprocessing, trains (its optimizer stepped) but is not recorded: call "
+                      "memscope.start() at the top of the function it runs (it joins this run file)",
+                      {"pid": os.getpid(), "parent": os.getppid()})
+        except Exception:  # noqa: BLE001 - a note, never a failure of the user's step
+            return
+
+    register_optimizer_step_post_hook(stepped)
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """Finds torch with the other finders, then runs ``_start`` right after torch executes."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # one shot, and no recursion in the lookup below
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _StartAfterExec(spec.loader)
+                return spec
+        return None
+
+
+class _StartAfterExec(importlib.abc.Loader):
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # torch sees its real loader (importlib.resources and friends look at it)
+        module.__loader__ = self.inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.inner
+        self.inner.exec_module(module)
+        _start()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -1,0 +1,41 @@
+"""The storages that hold a tensor's memory, for the agent's exact live-tensor counters
+(whatif's :class:`memscope.agent.whatif.techniques.TensorPeak`, the fake run's ledger).
+
+A strided tensor has one storage; a sparse tensor has none of its own (``untyped_storage()``
+raises) but holds its index and value tensors' storages; a meta tensor holds no memory at all.
+Leaving sparse tensors out made both counters miss a sparse embedding's gradient the same way,
+so comparing them could not show it (torch.profiler's allocator events did).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices"), torch.sparse_bsr: ("crow_indices", "col_indices"),
+               torch.sparse_csc: ("ccol_indices", "row_indices"), torch.sparse_bsc: ("ccol_indices", "row_indices")}
+
+
+def storages(t: torch.Tensor) -> list[tuple[Any, int]]:
+    """(storage, bytes) for each storage holding ``t``'s memory; [] for a meta tensor. Raises
+    for a tensor whose memory cannot be read (a wrapper subclass without storage)."""
+    if t.device.type == "meta":
+        return []
+    layout = t.layout
+    if layout is torch.strided:
+        st = t.untyped_storage()
+        return [(st, int(st.nbytes()))]
+    if layout is torch.sparse_coo:
+        parts = [t._indices(), t._values()]
+    elif layout in _COMPRESSED:
+        index, other = _COMPRESSED[layout]
+        parts = [getattr(t, index)(), getattr(t, other)(), t.values()]
+    else:
+        raise TypeError(f"no storage known for layout {layout}")
+    out = []
+    for p in parts:
+        st = p.untyped_storage()
+        # a fake (FakeTensorMode) sparse part's storage says 0 bytes: its size is still known
+        out.append((st, max(int(st.nbytes()), p.numel() * p.element_size())))
+    return out

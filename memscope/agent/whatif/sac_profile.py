@@ -1,0 +1,127 @@
+"""Op-level profile of one call of a repeated block, for the selective-checkpointing plan
+(memscope.analysis.sac_plan): every aten op the block's forward runs, with the storages it
+returns, its FLOPs (torch.utils.flop_counter's formulas), and which storages autograd saved for
+backward (a saved-tensor pack hook sees each one).
+
+The profile watches the block's real forward (no extra forward: an extra one would draw from
+the RNG and move buffers), and keeps no reference to a tensor: storages are numbered through
+weakrefs, which die with them. The pack hook returns the tensor it is given, so autograd keeps
+what it kept before. While it runs it is the innermost saved-tensor hook, so a hook of the
+user's (offloading) does not see that one call's tensors: profile runs only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memscope.agent.torchcompat.storages import storages
+from memscope.agent.torchcompat.unseen import unseen
+
+# CPU's SDPA kernel has no formula in torch.utils.flop_counter: the flash formula fits it
+_SDPA_CPU = "aten._scaled_dot_product_flash_attention_for_cpu"
+
+
+def flop_mapping() -> dict[Any, Callable[..., int]]:
+    """The formulas torch.utils.flop_counter lacks (CPU's SDPA kernel), taking shapes: pass it as
+    ``FlopCounterMode(custom_mapping=...)`` to count what the profile counts."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    packet = getattr(torch.ops.aten, _SDPA_CPU.split(".", 1)[1], None)
+    if packet is None:
+        return {}
+
+    def sdpa_cpu(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return int(sdpa_flop_count(tuple(query), tuple(key), tuple(value)))
+
+    return {packet: sdpa_cpu}
+
+
+def formulas() -> dict[Any, Callable[..., int]]:
+    """Overload packet -> FLOPs of one call (tensors in, as FlopCounterMode calls them)."""
+    from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+    return {**flop_registry, **{k: shape_wrapper(v) for k, v in flop_mapping().items()}}
+
+
+class BlockProfile:
+    """Records one forward call. ``record(fn, *args, **kwargs)`` runs it and returns its output;
+    ``as_json()`` is the profile (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.ops: list[dict[str, Any]] = []
+        self.sizes: list[int] = []  # storage number -> bytes
+        self.made: list[bool] = []  # storage number -> created by an op of the block
+        self.saved: set[int] = set()
+        self.last_pack = 0  # ops run before the last pack: where recomputation stops early
+        self._refs: dict[int, tuple[int, Any]] = {}  # id(storage) -> (number, weakref)
+        self._formulas = formulas()
+
+    @unseen
+    def _number(self, t: torch.Tensor, made: bool) -> list[int]:
+        found = []
+        for st, nbytes in storages(t):
+            key = id(st)
+            hit = self._refs.get(key)
+            if hit is not None and hit[1]() is st:
+                found.append(hit[0])
+                continue
+            n = len(self.sizes)
+            self.sizes.append(nbytes)
+            self.made.append(made)
+            self._refs[key] = (n, weakref.ref(st))
+            found.append(n)
+        return found
+
+    def _tensors(self, obj: Any) -> list[torch.Tensor]:
+        from torch.utils._pytree import tree_leaves
+
+        return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
+
+    def record(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        profile = self
+        try:
+            for t in self._tensors((args, kwargs)):
+                self._number(t, False)
+        except Exception:
+            pass  # an input without storage: its ops are still recorded
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+                kw = kw or {}
+                try:
+                    ins = {n for t in profile._tensors((a, kw)) for n in profile._number(t, False)}
+                except Exception:
+                    ins = set()
+                out = func(*a, **kw)
+                record: dict[str, Any] = {"op": str(func.overloadpacket), "flops": 0, "out": [], "alias": []}
+                try:
+                    outs = [n for t in profile._tensors(out) for n in profile._number(t, True)]
+                    fn = profile._formulas.get(func.overloadpacket)
+                    flops = int(fn(*a, **kw, out_val=out)) if fn is not None else 0
+                    record.update(flops=flops, out=outs, alias=sorted(set(outs) & ins))
+                except Exception:
+                    pass  # kept as an op without outputs: the op count (last_pack) stays right
+                profile.ops.append(record)
+                return out
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            try:
+                profile.saved.update(profile._number(t, False))
+                profile.last_pack = len(profile.ops)
+            except Exception:
+                pass
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with _Mode():
+                out = fn(*args, **kwargs)
+        self._refs = {}
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ops": self.ops, "storages": [{"bytes": b, "made": m} for b, m in zip(self.sizes, self.made)],
+                "saved": sorted(self.saved), "last_pack": self.last_pack}
