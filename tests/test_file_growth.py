@@ -60,20 +60,31 @@ def _same_report(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert a[key] == b[key], key
 
 
-def test_offline_fold_of_a_real_leaky_run_keeps_what_readers_show(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The unfolded file of a leaking run, folded: same steps, peak and its step, leaks, advice."""
+@pytest.mark.parametrize("script, args, near", [
+    # a leak: memory rises every step and pulls inventories forward (every third step here), so
+    # only the marked steps themselves stay (NEAR 0) for anything to fold
+    ("leaky", [str(EXAMPLES / "leaky.py"), "--steps", "160", "--width", "128"], 0),
+    # a flat run whose memory spikes once at step 70, no inventories: only the peak rule keeps it
+    ("spike", ["--inventory-every", "0", str(SCRIPTS / "spike.py"), "--steps", "160"], fold.NEAR),
+])
+def test_offline_fold_of_a_real_run_keeps_what_readers_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            script: str, args: list[str], near: int) -> None:
+    """A real run's unfolded file, folded: same steps, peak and its step, leaks, advice."""
     whole = tmp_path / "whole.db"
-    out = memscope("attach", "--headless", "--db", str(whole), str(EXAMPLES / "leaky.py"),
-                   "--steps", "160", "--width", "128", env=UNFOLDED, timeout=600)
+    out = memscope("attach", "--headless", "--db", str(whole), *args, env=UNFOLDED, timeout=600)
     assert out.returncode == 0, out.stderr
     before = report_json(whole)
-    assert before["run"]["steps"] == 160 and before["leaks"]
+    assert before["run"]["steps"] == 160
+    if script == "leaky":
+        assert before["leaks"]
+    else:
+        assert before["peak"]["step"] == 70
     folded = tmp_path / "folded.db"
     shutil.copy(whole, folded)
     monkeypatch.setattr(fold, "FOLD_AFTER", 20)
     monkeypatch.setattr(fold, "TAIL", 16)
     monkeypatch.setattr(fold, "WINDOW_S", 1e9)  # windows end only at kept steps
+    monkeypatch.setattr(fold, "NEAR", near)
     with sqlite3.connect(folded, isolation_level=None) as conn:
         proc = conn.execute("SELECT id FROM processes").fetchone()[0]
         state = fold.FoldState()
@@ -90,13 +101,15 @@ def test_attached_run_folds_and_reports_every_step(tmp_path: Path) -> None:
     """The writer folds during the run (small thresholds from the environment); the report
     counts every step the script ran, and the steps readers look at stay whole."""
     db = tmp_path / "run.db"
-    env = {"MEMSCOPE_FOLD_AFTER": "30", "MEMSCOPE_FOLD_EVERY_S": "0.1", "MEMSCOPE_FOLD_WINDOW_S": "1e9"}
-    out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "loop.py"), "--steps", "300",
+    env = {"MEMSCOPE_FOLD_AFTER": "30", "MEMSCOPE_FOLD_EVERY_S": "0.1", "MEMSCOPE_FOLD_WINDOW_S": "1e9",
+           "MEMSCOPE_FOLD_TAIL": "60"}
+    out = memscope("attach", "--headless", "--db", str(db), "--inventory-every", "40", "--inventory-budget",
+                   "0", str(SCRIPTS / "loop.py"), "--steps", "300",
                    env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "300 steps" in out.stderr + out.stdout
     assert report_json(db)["run"]["steps"] == 300
-    _check_kept(db, 300, 30, fold.TAIL)
+    _check_kept(db, 300, 30, 60)
     text = memscope("report", str(db))
     assert text.returncode == 0 and "300 completed" in text.stdout
 

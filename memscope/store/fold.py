@@ -36,7 +36,7 @@ FOLD_AFTER = int(_env("MEMSCOPE_FOLD_AFTER", 2000))  # steps kept whole before f
 WINDOW_S = _env("MEMSCOPE_FOLD_WINDOW_S", 1.0)  # wall time one window covers at most
 FOLD_EVERY_S = _env("MEMSCOPE_FOLD_EVERY_S", 5.0)  # how often the writer folds
 NEAR = 8  # steps kept on each side of something a reader looks at
-TAIL = 256  # the last steps are kept whole (recent-steps views, the end of the run)
+TAIL = int(_env("MEMSCOPE_FOLD_TAIL", 256))  # the last steps stay whole (recent steps, the run's end)
 PEAK_MARGIN = 0.01  # a new high counts as a peak when 1% above the last one kept
 
 # steps a reader looks at, whose neighbours stay whole; profiled steps (every 50th by default)
