@@ -7,6 +7,7 @@ of a few hundred steps folds."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -112,6 +113,12 @@ def test_attached_run_folds_and_reports_every_step(tmp_path: Path) -> None:
     _check_kept(db, 300, 30, 60)
     text = memscope("report", str(db))
     assert text.returncode == 0 and "300 completed" in text.stdout
+    # the Chrome trace shows every step: kept ones as step spans, folded ones as window spans
+    trace = tmp_path / "trace.json"
+    assert memscope("export", str(db), "--chrome", str(trace)).returncode == 0
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "step"]
+    assert sum(e["args"].get("steps", 1) for e in spans) == 300
+    assert sum(e["args"]["status"] == "folded" for e in spans) == len(_windows(db))
 
 
 def test_old_run_file_reads_without_windows(tmp_path: Path) -> None:

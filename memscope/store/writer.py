@@ -351,6 +351,8 @@ class RunWriter:
             self._attempt(batch, final=stopping)
         if self._pending or self._spill_rows or self._reported != self._drop_reason:
             self._attempt([], final=True)  # last try: the file may have room again
+        if not self._pending and not self._spill_rows and self.degraded_since is None:
+            self._fold(time.time())  # the steps since the last fold, but for the tail
         if self._pending:  # not written: to the spill file for the supervisor, else lost
             self._spill(self._pending, self.last_error or "write failed")
             self._pending = []
