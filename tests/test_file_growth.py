@@ -119,6 +119,10 @@ def test_attached_run_folds_and_reports_every_step(tmp_path: Path) -> None:
     spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "step"]
     assert sum(e["args"].get("steps", 1) for e in spans) == 300
     assert sum(e["args"]["status"] == "folded" for e in spans) == len(_windows(db))
+    for args in (["report", "--html", str(tmp_path / "r.html")], ["leaks"], ["layers"],
+                 ["export", "--csv", str(tmp_path / "csv")]):  # every reader opens a folded file
+        done = memscope(args[0], str(db), *args[1:])
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
 
 
 def test_old_run_file_reads_without_windows(tmp_path: Path) -> None:
