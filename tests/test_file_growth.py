@@ -65,8 +65,10 @@ def _same_report(a: dict[str, Any], b: dict[str, Any]) -> None:
     # a leak: memory rises every step and pulls inventories forward (every third step here), so
     # only the marked steps themselves stay (NEAR 0) for anything to fold
     ("leaky", [str(EXAMPLES / "leaky.py"), "--steps", "160", "--width", "128"], 0),
-    # a flat run whose memory spikes once at step 70, no inventories: only the peak rule keeps it
-    ("spike", ["--inventory-every", "0", str(SCRIPTS / "spike.py"), "--steps", "160"], fold.NEAR),
+    # a flat run whose memory spikes once at step 70, no inventories: only the peak rule keeps
+    # it; profiled every 5th step, all in one wall-time bucket: only those nearest the peak stay
+    ("spike", ["--inventory-every", "0", "--layers-every", "5", str(SCRIPTS / "spike.py"), "--steps", "160"],
+     fold.NEAR),
 ])
 def test_offline_fold_of_a_real_run_keeps_what_readers_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             script: str, args: list[str], near: int) -> None:
@@ -86,6 +88,7 @@ def test_offline_fold_of_a_real_run_keeps_what_readers_show(tmp_path: Path, monk
     monkeypatch.setattr(fold, "TAIL", 16)
     monkeypatch.setattr(fold, "WINDOW_S", 1e9)  # windows end only at kept steps
     monkeypatch.setattr(fold, "NEAR", near)
+    monkeypatch.setattr(fold, "PROFILE_EVERY_S", 1e9)
     with sqlite3.connect(folded, isolation_level=None) as conn:
         proc = conn.execute("SELECT id FROM processes").fetchone()[0]
         state = fold.FoldState()
@@ -93,6 +96,9 @@ def test_offline_fold_of_a_real_run_keeps_what_readers_show(tmp_path: Path, monk
         assert fold.fold(conn, proc, state) == 0  # nothing new: a second fold changes nothing
     assert n == state.folded == sum(w[2] for w in _windows(folded)) == 160 - len(_kept(folded))
     _check_kept(folded, 160, 20, 16)
+    if script == "spike":  # profiles 21..141 in range: the first, the two around step 70, the last
+        assert state.thinned > 10
+        assert {21, 66, 71, 141} <= _markers(folded)[1]
     after = report_json(folded)
     _same_report(before, after)
     assert after["peak"]["step"] in _kept(folded)

@@ -8,12 +8,14 @@ and its step, the lowest level at a boundary and its step). At most one window p
 training: under half a megabyte an hour at any step rate.
 
 Kept whole, always: the first ``FOLD_AFTER`` steps; the last ``TAIL`` steps; every step within
-``NEAR`` steps of a failed step (an OOM), an event, an inventory or a leak-holder search; every
-profiled step (layer rows, breakdown); and within ``NEAR`` steps of a new peak (a step whose peak_rss or peak_allocated
-beats every step before it by ``PEAK_MARGIN``, and the highest step of each fold, so the run's
-peak step - the earliest step with the highest peak - is always a kept row). Sums of counts and
-maxima of maxima give every number a reader shows from steps exactly (count, peak and its step,
-mean duration); the median step time is then computed from the kept steps and the windows' means.
+``NEAR`` steps of a failed step (an OOM), an event, an inventory or a leak-holder search; the
+profiled steps whose layer rows stay (one per ``PROFILE_EVERY_S`` of wall time and the two
+nearest each kept peak; the layer rows of the others are dropped); and within ``NEAR`` steps of
+a new peak (a step whose peak_rss or peak_allocated beats every step before it by
+``PEAK_MARGIN``, and the highest step of each fold, so the run's peak step - the earliest step
+with the highest peak - is always a kept row). Sums of counts and maxima of maxima give every
+number a reader shows from steps exactly (count, peak and its step, mean duration); the median
+step time is then computed from the kept steps and the windows' means.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ FOLD_EVERY_S = _env("MEMSCOPE_FOLD_EVERY_S", 5.0)  # how often the writer folds
 NEAR = 8  # steps kept on each side of something a reader looks at
 TAIL = int(_env("MEMSCOPE_FOLD_TAIL", 256))  # the last steps stay whole (recent steps, the run's end)
 PEAK_MARGIN = 0.01  # a new high counts as a peak when 1% above the last one kept
+# layer profiles (every 50th step by default) kept at most one per this many seconds of wall
+# time, besides those nearest a peak: at thousands of steps a second they are most of the file
+PROFILE_EVERY_S = _env("MEMSCOPE_FOLD_PROFILE_S", 60.0)
 
 # steps a reader looks at, whose neighbours stay whole; profiled steps (every 50th by default)
 # keep only themselves: their neighbours would be a third of the run
@@ -54,6 +59,10 @@ class FoldState:
     highs: dict[str, int] = field(default_factory=dict)  # highest peak per column so far
     kept_highs: dict[str, int] = field(default_factory=dict)  # level of the last peak kept
     ahead: set[int] = field(default_factory=set)  # later steps a fold already said to keep
+    peak_steps: list[int] = field(default_factory=list)  # the peaks kept, in order
+    profile_bucket: float | None = None  # the wall-time bucket of the last profile kept
+    deferred: int | None = None  # the latest profiled step, decided once the next one is seen
+    thinned: int = 0  # profiled steps whose layer rows were dropped
     folded: int = 0  # steps folded so far
     windows: int = 0  # windows written so far
 
@@ -89,8 +98,10 @@ def _fold(conn: sqlite3.Connection, proc: int, state: FoldState) -> int:
         "SELECT step, start, end, peak_rss, peak_allocated, peak_reserved, end_rss, end_allocated,"
         " status FROM steps WHERE proc = ? AND step BETWEEN ? AND ? ORDER BY step",
         (proc, lo, hi)).fetchall()
-    keep = state.ahead | _markers(conn, proc, lo, hi, _PROFILED) | _near(
-        _markers(conn, proc, lo - NEAR, hi + NEAR, _MARKERS) | _peaks(rows, state)
+    peaks = _peaks(rows, state)
+    state.peak_steps.extend(sorted(peaks))
+    keep = state.ahead | _profiles(conn, proc, state, lo, hi) | _near(
+        _markers(conn, proc, lo - NEAR, hi + NEAR, _MARKERS) | peaks
         | {r[0] for r in rows if r[8] != "ok"})
     windows = _windows([r for r in rows if r[0] not in keep and r[8] == "ok"])
     folded = 0
@@ -103,6 +114,36 @@ def _fold(conn: sqlite3.Connection, proc: int, state: FoldState) -> int:
     state.folded += folded
     state.windows += len(windows)
     return folded
+
+
+def _profiles(conn: sqlite3.Connection, proc: int, state: FoldState, lo: int, hi: int) -> set[int]:
+    """The profiled steps up to ``hi`` whose layer rows stay: the first of each PROFILE_EVERY_S
+    of wall time, and the two nearest each kept peak (the hotspots and the breakdown a report
+    shows come from the profile nearest the peak step). The latest waits for the next fold (a
+    peak after it may need it); the layer rows of the others are dropped, their steps fold."""
+    first = lo if state.deferred is None else state.deferred
+    profiled = sorted(_markers(conn, proc, first, hi, _PROFILED))
+    if not profiled:
+        return set()
+    before = conn.execute("SELECT max(step) FROM step_breakdown WHERE proc = ? AND step < ?",
+                          (proc, first)).fetchone()[0]
+    starts = dict(conn.execute(f"SELECT step, start FROM steps WHERE proc = ? AND step IN "
+                               f"({', '.join('?' * len(profiled))})", (proc, *profiled)).fetchall())
+    keep = {profiled[-1]}
+    state.deferred = profiled[-1]
+    for i, step in enumerate(profiled[:-1]):
+        prev, nxt = profiled[i - 1] if i else before, profiled[i + 1]
+        near_peak = any((prev is None or prev < p) and p < nxt for p in state.peak_steps)
+        start = starts.get(step)
+        bucket = None if start is None else start // PROFILE_EVERY_S
+        if near_peak or bucket is None or bucket != state.profile_bucket:
+            keep.add(step)
+            state.profile_bucket = bucket if bucket is not None else state.profile_bucket
+            continue
+        for table in _PROFILED:
+            conn.execute(f"DELETE FROM {table} WHERE proc = ? AND step = ?", (proc, step))
+        state.thinned += 1
+    return keep
 
 
 def _markers(conn: sqlite3.Connection, proc: int, lo: int, hi: int, tables: tuple[str, ...]) -> set[int]:
