@@ -4,8 +4,8 @@ A step row costs about 60 bytes; at thousands of steps a second that is a gigaby
 a process has recorded ``FOLD_AFTER`` steps, its writer (every ``FOLD_EVERY_S``) replaces each run
 of consecutive uneventful steps that closed in the same ``WINDOW_S`` of wall time by one
 ``step_windows`` row (count, first and last step, duration min/max/sum, the highest per-step peak
-and its step, the lowest level at a boundary and its step). At most one window per second of
-training: under half a megabyte an hour at any step rate.
+and its step, the lowest level at a boundary and its step). About one window per second of
+training (a window also ends at a kept step): under half a megabyte an hour at any step rate.
 
 Kept whole, always: the first ``FOLD_AFTER`` steps; the last ``TAIL`` steps; every step within
 ``NEAR`` steps of a failed step (an OOM), an event, an inventory or a leak-holder search; the
