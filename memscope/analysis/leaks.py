@@ -341,6 +341,9 @@ def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
             off = False
     done = reader.scalar("SELECT count(*) FROM steps WHERE proc = ? AND status = 'ok' AND step >= ?",
                          (proc, WARMUP_STEPS)) if proc is not None else None
+    if done is not None and reader.version >= 9:  # folded steps: windows lie past the warm-up
+        done += reader.scalar("SELECT coalesce(sum(steps), 0) FROM step_windows WHERE proc = ?"
+                              " AND first_step >= ?", (proc, WARMUP_STEPS)) or 0
     any_step = proc is not None and reader.scalar("SELECT count(*) FROM steps WHERE proc = ?", (proc,))
     last_step = reader.scalar("SELECT max(step) FROM steps WHERE proc = ? AND status = 'ok'",
                               (proc,)) if proc is not None else None

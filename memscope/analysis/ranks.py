@@ -11,10 +11,10 @@ a tie), the highest sample when the process completed no step with a reading.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from memscope.analysis.step_windows import median_step
 from memscope.store.reader import RunReader
 
 
@@ -44,6 +44,7 @@ def rank_summaries(reader: RunReader) -> list[RankSummary]:
     cuda = bool(reader.scalar("SELECT count(*) FROM cuda_samples"))
     column = "peak_allocated" if cuda else "peak_rss"
     oom_procs = {e["proc"] for e in reader.events("oom") if e["proc"] is not None}
+    folded = reader.folded_steps()
     out: list[RankSummary] = []
     for p in procs:
         steps = reader.steps(p["id"])
@@ -58,8 +59,8 @@ def rank_summaries(reader: RunReader) -> list[RankSummary]:
         durations = [s["end"] - s["start"] for s in ok]
         out.append(RankSummary(
             rank=p["rank"], local_rank=p["local_rank"], host=p["host"], proc=int(p["id"]),
-            steps=len(ok), peak_bytes=peak, peak_step=step,
-            median_step_s=statistics.median(durations) if durations else None,
+            steps=len(ok) + folded.get(int(p["id"]), 0), peak_bytes=peak, peak_step=step,
+            median_step_s=median_step(durations, reader.step_windows(p["id"]) if p["id"] in folded else []),
             status=p["status"], oom=p["id"] in oom_procs))
     out.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.host or "", r.proc))
     return out

@@ -5,7 +5,6 @@ Pure functions over rows from :class:`memscope.store.reader.RunReader`.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +12,7 @@ from memscope.analysis.oom import OomReport, post_mortem
 from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, leak_check, leaks_of
 from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
 from memscope.analysis.workers import WorkerGrowth, worker_growth
+from memscope.analysis.step_windows import median_step
 from memscope.analysis.ranks import RankSummary, rank_summaries
 from memscope.analysis.hotspots import (
     Hotspot,
@@ -91,9 +91,11 @@ def summarize(reader: RunReader) -> RunSummary:
     steps_by_proc: dict[int, list[dict[str, Any]]] = {}
     for s in reader.steps():
         steps_by_proc.setdefault(s["proc"], []).append(s)
-    main = _main_process(procs, steps_by_proc)
+    folded = reader.folded_steps()  # steps a long run's writer folded into windows
+    main = _main_process(procs, steps_by_proc, folded)
     main_steps = steps_by_proc.get(main["id"], []) if main else []
     durations = [s["end"] - s["start"] for s in main_steps if s["status"] == "ok"]
+    windows = reader.step_windows(main["id"]) if main and folded.get(main["id"]) else []
     oom = post_mortem(reader)
     peak = find_peak(reader, procs, steps_by_proc, _oom_step(oom, main))
     spots: list[Hotspot] = []
@@ -123,13 +125,13 @@ def summarize(reader: RunReader) -> RunSummary:
         signal=run["signal"],
         device=_device(procs),
         torch=main["torch"] if main else None,
-        steps=sum(1 for s in main_steps if s["status"] == "ok"),
+        steps=sum(1 for s in main_steps if s["status"] == "ok") + (folded.get(main["id"], 0) if main else 0),
         samples=reader.sample_count(),
         dropped=sum(p["dropped"] or 0 for p in procs),
         started=run["started"],
         ended=run["ended"],
         step_mode=main["step_mode"] if main else None,
-        median_step_s=statistics.median(durations) if durations else None,
+        median_step_s=median_step(durations, windows),
         processes=procs,
         peak=peak,
         hotspots=spots,
@@ -198,15 +200,16 @@ def _techniques(reader: RunReader) -> list[dict[str, Any]]:
     return out
 
 
-def _main_process(procs: list[dict[str, Any]],
-                  steps_by_proc: dict[int, list[dict[str, Any]]]) -> dict[str, Any] | None:
+def _main_process(procs: list[dict[str, Any]], steps_by_proc: dict[int, list[dict[str, Any]]],
+                  folded: dict[int, int] | None = None) -> dict[str, Any] | None:
     """Rank 0 when ranks exist, else the process that recorded the most steps."""
     if not procs:
         return None
     ranked = [p for p in procs if p["rank"] == 0]
     if ranked:
         return ranked[0]
-    return max(procs, key=lambda p: (len(steps_by_proc.get(p["id"], [])), -p["id"]))
+    return max(procs, key=lambda p: (len(steps_by_proc.get(p["id"], [])) + (folded or {}).get(p["id"], 0),
+                                      -p["id"]))
 
 
 def _device(procs: list[dict[str, Any]]) -> str:

@@ -79,7 +79,8 @@ class Series:
 
 @dataclass(frozen=True)
 class StepMark:
-    """A step boundary pair, in seconds since the run started."""
+    """A step boundary pair, in seconds since the run started (status ``folded``: a window of
+    steps a long run folded, ``step`` its last; see memscope/store/fold.py)."""
 
     step: int
     start: float
@@ -172,6 +173,10 @@ def memory_timeline(reader: RunReader, buckets: int = 200, proc: int | None = No
         origin = min(lows) if lows else (steps[0]["start"] if steps else 0.0)
     marks = [StepMark(int(s["step"]), s["start"] - origin, s["end"] - origin, s["status"])
              for s in steps]
+    windows = reader.step_windows(proc)
+    if windows:  # a long run's folded steps: one mark per window (at most one a second)
+        marks = sorted(marks + [StepMark(int(w["last_step"]), w["start"] - origin, w["end"] - origin, "folded")
+                                for w in windows], key=lambda m: m.step)
     if not lows:
         return Timeline(proc, origin, 0.0, 0.0, 0.0, 0, {}, marks)
 

@@ -83,6 +83,12 @@ def level_series(reader: "RunReader", proc: int) -> tuple[str, list[tuple[int, i
         return "rss", []  # a run file from before schema 5
     rows = reader.query("SELECT step, end_rss, end_allocated FROM steps WHERE proc = ? AND status = 'ok' "
                         "ORDER BY step", (proc,))
+    if reader.version >= 9:  # a folded window: its lowest level, at its step (the lower envelope)
+        rows += reader.query("SELECT end_rss_step AS step, end_rss, NULL AS end_allocated FROM step_windows"
+                             " WHERE proc = ? AND end_rss_step IS NOT NULL UNION ALL SELECT"
+                             " end_allocated_step, NULL, end_allocated FROM step_windows WHERE proc = ?"
+                             " AND end_allocated_step IS NOT NULL", (proc, proc))
+        rows.sort(key=lambda r: r["step"])
     if any(r["end_allocated"] is not None for r in rows):
         return "cuda_allocated", [(int(r["step"]), int(r["end_allocated"])) for r in rows
                                   if r["end_allocated"] is not None]

@@ -84,6 +84,10 @@ def worker_growth(reader: "RunReader") -> WorkerGrowth | None:
     steps = reader.scalar(
         "SELECT count(*) FROM steps WHERE status = 'ok' AND end > ? AND end <= ? AND proc IN (%s)"
         % ",".join("?" * len(procs)), (t0, t1, *procs))
+    if reader.version >= 9:  # folded steps: a window counts when its last step ended in the span
+        steps = (steps or 0) + (reader.scalar(
+            "SELECT coalesce(sum(steps), 0) FROM step_windows WHERE end > ? AND end <= ? AND proc IN (%s)"
+            % ",".join("?" * len(procs)), (t0, t1, *procs)) or 0)
     pss = [s[-1]["pss"] for _, s in grew]
     return WorkerGrowth(
         workers=len(grew), of_workers=len(by),

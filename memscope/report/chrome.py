@@ -80,6 +80,15 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
             yield {"ph": "X", "cat": "step", "name": f"step {s['step']}", "pid": pid,
                    "tid": STEPS_TID, "ts": us(s["start"]),
                    "dur": round(max(s["end"] - s["start"], 0.0) * 1e6, 3), "args": args}
+        for w in reader.step_windows(pid):  # steps a long run folded: one span per window
+            wargs: dict[str, Any] = {"first_step": w["first_step"], "last_step": w["last_step"], "steps": w["steps"],
+                    "mean_s": w["duration_sum"] / w["steps"], "status": "folded"}
+            for key in ("peak_rss", "peak_allocated", "peak_reserved"):
+                if w[key] is not None:
+                    wargs[key] = int(w[key])
+            yield {"ph": "X", "cat": "step", "name": f"steps {w['first_step']}-{w['last_step']}",
+                   "pid": pid, "tid": STEPS_TID, "ts": us(w["start"]),
+                   "dur": round(max(w["end"] - w["start"], 0.0) * 1e6, 3), "args": wargs}
 
     events = reader.events()
     known = {p["id"] for p in procs}

@@ -361,6 +361,8 @@ def render_html(reader: RunReader, summary: RunSummary | None = None) -> str:
     origin = (reader.run() or {}).get("started") or 0.0
     main_steps = [st for st in reader.steps(s.main_proc)] if s.main_proc is not None else []
     spans = [(st["start"] - origin, st["end"] - origin) for st in main_steps]
+    if s.main_proc is not None:  # a long run's folded steps: one band per window
+        spans = sorted(spans + [(w["start"] - origin, w["end"] - origin) for w in reader.step_windows(s.main_proc)])
     peak_span = None
     if s.peak.step is not None:
         for st in reader.steps(s.peak.proc if s.peak.proc is not None else s.main_proc):

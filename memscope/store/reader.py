@@ -224,6 +224,22 @@ class RunReader:
             rows = self.query("SELECT * FROM steps WHERE proc = ? ORDER BY step", (proc,))
         return self._required(rows, "steps", ("proc", "step", "start", "end", "status"))
 
+    def step_windows(self, proc: int | None = None) -> list[dict[str, Any]]:
+        """Steps the writer folded (memscope/store/fold.py), one row per window; none in files
+        before schema 10 or runs too short to fold."""
+        if self.version < 10:
+            return []
+        if proc is None:
+            return self.query("SELECT * FROM step_windows ORDER BY proc, first_step")
+        return self.query("SELECT * FROM step_windows WHERE proc = ? ORDER BY first_step", (proc,))
+
+    def folded_steps(self) -> dict[int, int]:
+        """{proc: completed steps folded into windows} (steps the ``steps`` table no longer holds)."""
+        if self.version < 10:
+            return {}
+        return {int(r["proc"]): int(r["n"]) for r in
+                self.query("SELECT proc, sum(steps) AS n FROM step_windows GROUP BY proc")}
+
     def sample_count(self) -> int:
         return int(self.scalar("SELECT count(*) FROM samples") or 0)
 

@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -235,9 +235,38 @@ ALTER TABLE inventories ADD COLUMN heap INTEGER;
 """
 
 
+# Version 10 (issue #21, files sized by time): once a run is long, the writer folds runs of
+# consecutive uneventful steps into one row per window of wall time (memscope/store/fold.py); the
+# steps near peaks, failures, events, inventories and profiles, and the run's last steps, stay whole
+_V10 = """
+CREATE TABLE step_windows (
+    proc INTEGER NOT NULL,
+    first_step INTEGER NOT NULL,    -- the window holds every step from first_step to last_step
+    last_step INTEGER NOT NULL,
+    steps INTEGER NOT NULL,         -- last_step - first_step + 1, all completed (status 'ok')
+    start REAL NOT NULL,            -- first_step's start
+    end REAL NOT NULL,              -- last_step's end
+    duration_min REAL NOT NULL,     -- step durations (end - start), seconds
+    duration_max REAL NOT NULL,
+    duration_sum REAL NOT NULL,
+    peak_rss INTEGER,               -- the highest steps.peak_rss among them, and its (earliest) step
+    peak_rss_step INTEGER,
+    peak_rss_sum INTEGER,
+    peak_allocated INTEGER,         -- the same for steps.peak_allocated (CUDA)
+    peak_allocated_step INTEGER,
+    peak_reserved INTEGER,
+    end_rss INTEGER,                -- the lowest steps.end_rss among them, and its step
+    end_rss_step INTEGER,
+    end_allocated INTEGER,          -- the lowest steps.end_allocated among them, and its step
+    end_allocated_step INTEGER,
+    PRIMARY KEY (proc, first_step)
+);
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

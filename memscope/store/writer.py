@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from memscope.quiet_thread import QuietThread
-from memscope.store import spill
+from memscope.store import fold, spill
 from memscope.store.closing import ClosingConnection
 from memscope.store.schema import RunFileError, migrate
 
@@ -209,6 +209,9 @@ class RunWriter:
         self._side_ids: dict[str, tuple[int, int]] = {}  # the -wal / -shm beside our file
         self._spill_offset = 0  # bytes of the spill file already replayed into the run file
         self._spill_rows = 0  # rows in the spill file not yet replayed
+        self.fold_state: fold.FoldState | None = fold.FoldState()  # None: folding stopped
+        self.fold_error: str | None = None  # why folding stopped (a bug: rows stay whole)
+        self._fold_at = 0.0
 
     def start(self) -> None:
         self._thread = QuietThread(target=self._run, name="memscope-writer")
@@ -348,6 +351,8 @@ class RunWriter:
             self._attempt(batch, final=stopping)
         if self._pending or self._spill_rows or self._reported != self._drop_reason:
             self._attempt([], final=True)  # last try: the file may have room again
+        if not self._pending and not self._spill_rows and self.degraded_since is None:
+            self._fold(time.time())  # the steps since the last fold, but for the tail
         if self._pending:  # not written: to the spill file for the supervisor, else lost
             self._spill(self._pending, self.last_error or "write failed")
             self._pending = []
@@ -416,6 +421,25 @@ class RunWriter:
             return
         if self.degraded_since is not None:
             self._recovered(now)
+        elif now - self._fold_at >= fold.FOLD_EVERY_S:
+            self._fold(now)
+
+    def _fold(self, now: float) -> None:
+        """Fold uneventful steps into windows (memscope/store/fold.py). A refusing file is
+        tried again at the next fold; any other error stops folding (the steps stay whole)."""
+        self._fold_at = now
+        if self.fold_state is None or self.proc_id is None or self._conn is None:
+            return
+        try:
+            fold.fold(self._conn, self.proc_id, self.fold_state)
+        except sqlite3.Error:
+            self._reconnect()
+        except Exception as exc:  # noqa: BLE001 - a bug here must not end the recording
+            self.fold_state = None
+            self.fold_error = f"{type(exc).__name__}: {exc}"
+            self._pending.append(_Insert("events", self._event_row(
+                "fold_stopped", f"steps are no longer folded into windows: {self.fold_error}",
+                {"error": self.fold_error})))
 
     def _refused(self, exc: BaseException, items: list[object], since: float | None = None) -> None:
         """The file took none of ``items``: keep the structure for the next attempt, shed the
