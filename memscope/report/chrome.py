@@ -18,6 +18,7 @@ from typing import Any, Iterator, TextIO
 from memscope import __version__
 from memscope.report.format import iso
 from memscope.store.reader import RunReader
+from memscope.store.schema import RunFileError
 
 STEPS_TID = 1  # the thread that carries the step spans and the instant events
 COUNTERS_TID = 0
@@ -72,14 +73,19 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
                 " ORDER BY device, t", (pid,)):
             yield {"ph": "C", "name": f"cuda:{device} NVML used", "pid": pid, "tid": COUNTERS_TID,
                    "ts": us(t), "args": {"used": int(used)}}
-        for s in reader.steps(pid):
-            args = {"step": s["step"], "status": s["status"]}
-            for key in ("peak_rss", "peak_allocated", "peak_reserved"):
-                if s[key] is not None:
-                    args[key] = int(s[key])
-            yield {"ph": "X", "cat": "step", "name": f"step {s['step']}", "pid": pid,
-                   "tid": STEPS_TID, "ts": us(s["start"]),
-                   "dur": round(max(s["end"] - s["start"], 0.0) * 1e6, 3), "args": args}
+        for step, start, end, status, *peaks in reader.rows(
+                "SELECT step, start, end, status, peak_rss, peak_allocated, peak_reserved FROM steps"
+                " WHERE proc = ? ORDER BY step", (pid,)):
+            if None in (step, start, end, status):
+                raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
+                                   f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
+            args = {"step": step, "status": status}
+            for key, value in zip(("peak_rss", "peak_allocated", "peak_reserved"), peaks):
+                if value is not None:
+                    args[key] = int(value)
+            yield {"ph": "X", "cat": "step", "name": f"step {step}", "pid": pid,
+                   "tid": STEPS_TID, "ts": us(start),
+                   "dur": round(max(end - start, 0.0) * 1e6, 3), "args": args}
 
     events = reader.events()
     known = {p["id"] for p in procs}
