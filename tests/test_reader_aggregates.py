@@ -166,9 +166,15 @@ def test_step_marks_draw_the_ticks_of_every_step(long: Path) -> None:
     assert [m["step"] for m in marks] == sorted(m["step"] for m in marks)
 
 
+@pytest.mark.parametrize("gaps", [False, True])
 @pytest.mark.parametrize("ramp", [0, 200_000])
-def test_steady_growth_in_sql_equals_the_python_envelope(real: Path, tmp_path: Path, ramp: int) -> None:
+def test_steady_growth_in_sql_equals_the_python_envelope(real: Path, tmp_path: Path, ramp: int,
+                                                         gaps: bool) -> None:
     db = _copy(real, tmp_path / "ramp.db", ramp)
+    if gaps:  # steps that are not consecutive (failed or missing): the window's path
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE steps SET status = 'failed' WHERE step % 97 = 5")
+            conn.execute("DELETE FROM steps WHERE step % 89 = 7")
     with RunReader(db) as reader:
         metric, levels = level_series(reader, 1)
         assert steady_growth_of(reader, 1) == (metric, steady_growth(levels))

@@ -110,7 +110,8 @@ def quarter_cuts(n: int) -> list[int]:
 def steady_growth_of(reader: "RunReader", proc: int) -> tuple[str, tuple[float, int, int] | None]:
     """(metric, :func:`steady_growth` of :func:`level_series`), computed by SQLite: a count,
     then one pass that keeps the lower envelope at the quarter cuts only (a million steps are
-    never Python objects)."""
+    never Python objects): minima over step ranges when the steps are consecutive, else a
+    window running back from the last step."""
     if "end_rss" not in _columns(reader, "steps"):
         return "rss", None  # a run file from before schema 5
     from memscope.store.step_stats import scan_source
@@ -120,11 +121,21 @@ def steady_growth_of(reader: "RunReader", proc: int) -> tuple[str, tuple[float, 
                          " AND end_allocated IS NOT NULL LIMIT 1)", (proc,))
     metric, column = ("cuda_allocated", "end_allocated") if cuda else ("rss", "end_rss")
     where = f"proc = ? AND status = 'ok' AND {column} IS NOT NULL AND step >= ?"
-    n = int(reader.scalar(f"SELECT count(*) FROM {src} WHERE {where}", (proc, WARMUP_STEPS)) or 0)
+    n, first, last = next(reader.rows(f"SELECT count(*), min(step), max(step) FROM {src} WHERE {where}",
+                                      (proc, WARMUP_STEPS)))
     if n < MIN_STEPS:
         return metric, None
+    cuts = quarter_cuts(n)
+    if last - first + 1 == n:
+        # the points are consecutive steps (step numbers are unique): point c is step first + c,
+        # and the envelope at each cut is one minimum over the steps from there on, all in one pass
+        steps = [first + c for c in cuts]
+        lows = ", ".join(f"min(CASE WHEN step >= {s} THEN {column} END)" for s in steps)
+        vals = [int(v) for v in next(reader.rows(f"SELECT {lows} FROM {src} WHERE {where}",
+                                                 (proc, WARMUP_STEPS)))]
+        return metric, _steady(steps, vals)
     # counted from the end: the window runs backwards, so its minimum is the later steps' lowest
-    back = {n - c: i for i, c in enumerate(quarter_cuts(n))}
+    back = {n - c: i for i, c in enumerate(cuts)}
     rows = reader.rows(
         f"SELECT step, low, k FROM (SELECT step, min({column}) OVER w AS low, count(*) OVER w AS k"
         f" FROM steps WHERE {where} WINDOW w AS (ORDER BY step DESC ROWS UNBOUNDED PRECEDING))"
