@@ -10,7 +10,8 @@ copy's step numbers and times shifted past the one before; per block: its steps,
 ``layers_every`` steps and a tensor inventory on the agent's own thinning schedule (so the file
 holds what the agent would have written, at defaults, for a long run of that loop).
 
-Each reader runs as its own process (``python -m memscope ...``): wall seconds and its peak RSS
+Each reader runs as its own process (``python -m memscope ...``): wall seconds, CPU seconds
+(user + system: what it costs on an idle machine, whatever else runs beside it) and its peak RSS
 (from ``os.wait4``, that child's own). The dashboard's first paint is the time from starting the
 app (Textual's ``run_test``, 80x24, in its own process) to its first snapshot drawn. Printed,
 never asserted; the ratio column is 1M over 100k.
@@ -130,8 +131,9 @@ def readers(db: Path, tmp: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-def timed(cmd: list[str]) -> tuple[float, float, int, str]:
-    """(wall seconds, peak RSS MiB, exit status, last stdout line) of one child process."""
+def timed(cmd: list[str]) -> tuple[float, float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS MiB, exit status, last stdout line) of one child
+    process (CPU time: what it costs on an idle machine, whatever else runs beside it)."""
     began = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     out = child.stdout.read() if child.stdout else ""
@@ -139,7 +141,8 @@ def timed(cmd: list[str]) -> tuple[float, float, int, str]:
     wall = time.perf_counter() - began
     child.returncode = os.waitstatus_to_exitcode(status)
     lines = out.strip().splitlines()
-    return wall, usage.ru_maxrss / 1024, child.returncode, lines[-1] if lines else ""
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, child.returncode, lines[-1] if lines else ""
 
 
 def paint(db: str) -> None:
@@ -159,13 +162,13 @@ def paint(db: str) -> None:
     print(f"{asyncio.run(go()):.3f}")
 
 
-def measure(db: Path, tmp: Path) -> dict[str, tuple[float, float, int]]:
+def measure(db: Path, tmp: Path) -> dict[str, tuple[float, float, float, int]]:
     out = {}
     for name, cmd in readers(db, tmp):
-        wall, rss, rc, last = timed(cmd)
+        wall, cpu, rss, rc, last = timed(cmd)
         if name.startswith("dashboard") and rc == 0:
             wall = float(last)  # the app's own clock: start to first frame, imports excluded
-        out[name] = (wall, rss, rc)
+        out[name] = (wall, cpu, rss, rc)
     return out
 
 
@@ -198,18 +201,21 @@ def main() -> int:
                   f"{time.perf_counter() - began:.1f} s; load average {os.getloadavg()[0]:.1f}")
             results[total] = measure(db, tmp)
         big, small = results.get(args.steps), results.get(args.small)
-        print(f"\n{'reader':24} {'1M s':>7} {'MB':>6} {'small s':>8} {'MB':>6} {'ratio':>6}")
+        print(f"\n{'reader':22} {'big: wall s':>11} {'CPU s':>6} {'MB':>5}   {'small: wall s':>13} {'CPU s':>6}"
+              f" {'MB':>5}   {'CPU ratio':>9}")
         failed = False
         for name in (big or small or {}):
-            row = f"{name:24}"
-            for res in (big, small):
+            row = f"{name:22}"
+            for res, w in ((big, 11), (small, 13)):
                 if res is not None:
-                    wall, rss, rc = res[name]
+                    wall, cpu, rss, rc = res[name]
                     failed |= rc != 0
-                    row += f" {wall:7.2f} {rss:6.0f}" + ("" if rc == 0 else f" exit {rc}")
-            if big and small and small[name][0] > 0:
-                row += f" {big[name][0] / small[name][0]:6.1f}"
+                    row += f" {wall:{w}.2f} {cpu:6.2f} {rss:5.0f}  " + ("" if rc == 0 else f" exit {rc}")
+            if big and small and small[name][1] > 0:
+                row += f" {big[name][1] / small[name][1]:9.1f}"
             print(row)
+        print(f"(big: {args.steps:,} steps, small: {args.small:,}; dashboard wall: from the app's start "
+              "to its first snapshot drawn, CPU and MB: its whole process)")
     return 1 if failed else 0
 
 
