@@ -14,7 +14,8 @@ Each reader runs as its own process (``python -m memscope ...``): wall seconds, 
 (user + system: what it costs on an idle machine, whatever else runs beside it) and its peak RSS
 (from ``os.wait4``, that child's own). The dashboard's first paint is the time from starting the
 app (Textual's ``run_test``, 80x24, in its own process) to its first snapshot drawn. Printed,
-never asserted; the ratio column is 1M over 100k.
+never asserted; the ratio column is 1M over 100k. ``PYTHONPATH=OTHER_CHECKOUT`` times another
+memscope's readers on the same files (the readers run outside this checkout).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ LAYERS_EVERY = 50  # the agent's default per-layer cadence (AgentOptions.layers_
 def real_run(path: Path, steps: int) -> None:
     """A short real training, recorded."""
     cmd = [sys.executable, "-m", "memscope", "attach", "--headless", "--force", "--db", str(path),
-           str(EXAMPLE), "--steps", str(steps)]
+           str(EXAMPLE), "--steps", str(steps)]  # the memscope of this checkout (cwd: its root)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
 
 
 def inventory_steps(total: int) -> list[int]:
@@ -135,7 +136,9 @@ def timed(cmd: list[str]) -> tuple[float, float, float, int, str]:
     """(wall seconds, CPU seconds, peak RSS MiB, exit status, last stdout line) of one child
     process (CPU time: what it costs on an idle machine, whatever else runs beside it)."""
     began = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # cwd elsewhere: ``-m memscope`` imports the memscope on sys.path (PYTHONPATH can pick one)
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             cwd=tempfile.gettempdir())
     out = child.stdout.read() if child.stdout else ""
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - began
@@ -181,7 +184,11 @@ def main() -> int:
     p.add_argument("--base", help="use this real run file instead of recording one")
     p.add_argument("--keep", metavar="PATH", help="keep the big run file here")
     p.add_argument("--paint", help=argparse.SUPPRESS)
+    p.add_argument("--grow", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.grow:
+        grow(Path(args.grow[0]), Path(args.grow[1]), int(args.grow[2]), float(args.grow[3]))
+        return 0
     if args.paint:
         paint(args.paint)
         return 0
@@ -196,7 +203,9 @@ def main() -> int:
         for total in [t for t in (args.steps, args.small) if t > 0]:
             db = Path(args.keep) if args.keep and total == args.steps else tmp / f"run{total}.db"
             began = time.perf_counter()
-            grow(base, db, total, args.samples_per_step)
+            # in a child: a forked reader starts from its parent's peak RSS, so the parent stays small
+            subprocess.run([sys.executable, __file__, "--grow", str(base), str(db), str(total),
+                            str(args.samples_per_step)], check=True)
             print(f"{total:,} steps: {db.stat().st_size / 1e6:.0f} MB built in "
                   f"{time.perf_counter() - began:.1f} s; load average {os.getloadavg()[0]:.1f}")
             results[total] = measure(db, tmp)
