@@ -339,7 +339,10 @@ def leak_check(reader: "RunReader", proc: int | None) -> LeakCheck:
             off = bool(opts) and json.loads(opts[0]["options"] or "{}").get("inventory_every") == 0
         except (TypeError, ValueError, AttributeError):
             off = False
-    done = reader.scalar("SELECT count(*) FROM steps WHERE proc = ? AND status = 'ok' AND step >= ?",
+    from memscope.store.step_stats import scan_source
+
+    done = reader.scalar(f"SELECT count(*) FROM {scan_source(reader, 'steps')} WHERE proc = ? AND status = 'ok'"
+                         " AND step >= ?",
                          (proc, WARMUP_STEPS)) if proc is not None else None
     if done is not None and reader.version >= 9:  # folded steps: windows lie past the warm-up
         done += reader.scalar("SELECT coalesce(sum(steps), 0) FROM step_windows WHERE proc = ?"

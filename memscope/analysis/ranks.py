@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from memscope.analysis.step_windows import median_step
+from memscope.analysis.step_windows import median_with_windows
 from memscope.store.reader import RunReader
+from memscope.store.step_stats import StepStats, median_step_s, peak_step, step_stats
 
 
 @dataclass
@@ -38,29 +39,28 @@ class RankSummary:
         return d
 
 
-def rank_summaries(reader: RunReader) -> list[RankSummary]:
-    """One summary per process, by rank (processes without a rank last), then host and id."""
+def rank_summaries(reader: RunReader, stats: dict[int, StepStats] | None = None) -> list[RankSummary]:
+    """One summary per process, by rank (processes without a rank last), then host and id.
+    ``stats``: :func:`step_stats` of the reader, when the caller has it already."""
     procs = reader.processes()
-    cuda = bool(reader.scalar("SELECT count(*) FROM cuda_samples"))
+    cuda = bool(reader.scalar("SELECT count(*) FROM (SELECT 1 FROM cuda_samples LIMIT 1)"))
     column = "peak_allocated" if cuda else "peak_rss"
     oom_procs = {e["proc"] for e in reader.events("oom") if e["proc"] is not None}
     folded = reader.folded_steps()
     out: list[RankSummary] = []
+    stats = step_stats(reader) if stats is None else stats
     for p in procs:
-        steps = reader.steps(p["id"])
-        ok = [s for s in steps if s["status"] == "ok"]
-        peak, step = None, None
-        for s in ok:
-            v = s[column]
-            if v is not None and (peak is None or v > peak):  # strict: earliest step wins a tie
-                peak, step = int(v), int(s["step"])
+        st = stats.get(p["id"])
+        peak = st.peak(column, with_failed=False) if st else None
+        step = peak_step(reader, p["id"], column, peak, with_failed=False) if peak is not None else None
         if peak is None:
             peak = _sample_peak(reader, p["id"], cuda)
-        durations = [s["end"] - s["start"] for s in ok]
+        ok = st.ok if st else 0
         out.append(RankSummary(
             rank=p["rank"], local_rank=p["local_rank"], host=p["host"], proc=int(p["id"]),
-            steps=len(ok) + folded.get(int(p["id"]), 0), peak_bytes=peak, peak_step=step,
-            median_step_s=median_step(durations, reader.step_windows(p["id"]) if p["id"] in folded else []),
+            steps=ok + folded.get(int(p["id"]), 0), peak_bytes=peak, peak_step=step,
+            median_step_s=median_with_windows(reader, int(p["id"]), ok) if p["id"] in folded
+            else median_step_s(reader, p["id"], ok),
             status=p["status"], oom=p["id"] in oom_procs))
     out.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.host or "", r.proc))
     return out

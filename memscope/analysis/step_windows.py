@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from memscope.store.reader import RunReader
+
 
 def median_step(durations: list[float], windows: list[dict[str, Any]]) -> float | None:
     """The median step time: of the steps themselves, or, once steps were folded, of the kept
@@ -22,3 +24,11 @@ def median_step(durations: list[float], windows: list[dict[str, Any]]) -> float 
         if seen >= half:
             return value
     return weighted[-1][0]
+
+
+def median_with_windows(reader: RunReader, proc: int, ok: int) -> float | None:
+    """The median step time of a process whose writer folded steps: its kept steps' durations
+    (a few thousand at most: folding keeps only the steps near events) and its windows."""
+    durations = [float(r["duration_s"]) for r in reader.query(
+        "SELECT \"end\" - start AS duration_s FROM steps WHERE proc = ? AND status = 'ok'", (proc,))]
+    return median_step(durations, reader.step_windows(proc))

@@ -12,7 +12,6 @@ from memscope.analysis.oom import OomReport, post_mortem
 from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, leak_check, leaks_of
 from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
 from memscope.analysis.workers import WorkerGrowth, worker_growth
-from memscope.analysis.step_windows import median_step
 from memscope.analysis.ranks import RankSummary, rank_summaries
 from memscope.analysis.hotspots import (
     Hotspot,
@@ -25,6 +24,8 @@ from memscope.analysis.hotspots import (
     profiled_steps,
 )
 from memscope.store.reader import RunReader
+from memscope.store.step_stats import (StepStats, peak_step, scan_source, step_at, step_stats,
+                                       step_value)
 from memscope.units import human_bytes
 
 # how close to the highest step's peak the step that ran out of memory must be to count as the
@@ -88,16 +89,12 @@ def summarize(reader: RunReader) -> RunSummary:
     run = reader.run() or {"command": [], "status": "unknown", "exit_code": None,
                            "signal": None, "started": None, "ended": None}
     procs = reader.processes()
-    steps_by_proc: dict[int, list[dict[str, Any]]] = {}
-    for s in reader.steps():
-        steps_by_proc.setdefault(s["proc"], []).append(s)
+    stats = step_stats(reader)  # one pass over the steps table, whatever its length
     folded = reader.folded_steps()  # steps a long run's writer folded into windows
-    main = _main_process(procs, steps_by_proc, folded)
-    main_steps = steps_by_proc.get(main["id"], []) if main else []
-    durations = [s["end"] - s["start"] for s in main_steps if s["status"] == "ok"]
-    windows = reader.step_windows(main["id"]) if main and folded.get(main["id"]) else []
+    main = _main_process(procs, stats, folded)
+    main_stats = stats.get(main["id"]) if main else None
     oom = post_mortem(reader)
-    peak = find_peak(reader, procs, steps_by_proc, _oom_step(oom, main))
+    peak = find_peak(reader, procs, stats, _oom_step(oom, main))
     spots: list[Hotspot] = []
     spot_step = None
     spot_micro = None
@@ -117,6 +114,8 @@ def summarize(reader: RunReader) -> RunSummary:
     if main is not None:
         _breakdown_at_failure(peak, oom, main["id"])
     leaks = leaks_of(reader, main["id"] if main else None)
+    ranks = rank_summaries(reader, stats)
+    median = next((r.median_step_s for r in ranks if main and r.proc == main["id"]), None)
     return RunSummary(
         path=reader.path,
         command=run["command"],
@@ -125,13 +124,13 @@ def summarize(reader: RunReader) -> RunSummary:
         signal=run["signal"],
         device=_device(procs),
         torch=main["torch"] if main else None,
-        steps=sum(1 for s in main_steps if s["status"] == "ok") + (folded.get(main["id"], 0) if main else 0),
+        steps=(main_stats.ok if main_stats else 0) + (folded.get(main["id"], 0) if main else 0),
         samples=reader.sample_count(),
         dropped=sum(p["dropped"] or 0 for p in procs),
         started=run["started"],
         ended=run["ended"],
         step_mode=main["step_mode"] if main else None,
-        median_step_s=median_step(durations, windows),
+        median_step_s=median,
         processes=procs,
         peak=peak,
         hotspots=spots,
@@ -146,7 +145,7 @@ def summarize(reader: RunReader) -> RunSummary:
         oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),
         techniques=_techniques(reader),
-        ranks=rank_summaries(reader),
+        ranks=ranks,
         recording=recording_notes(reader, run),
     )
 
@@ -200,7 +199,7 @@ def _techniques(reader: RunReader) -> list[dict[str, Any]]:
     return out
 
 
-def _main_process(procs: list[dict[str, Any]], steps_by_proc: dict[int, list[dict[str, Any]]],
+def _main_process(procs: list[dict[str, Any]], stats: dict[int, StepStats],
                   folded: dict[int, int] | None = None) -> dict[str, Any] | None:
     """Rank 0 when ranks exist, else the process that recorded the most steps."""
     if not procs:
@@ -208,7 +207,8 @@ def _main_process(procs: list[dict[str, Any]], steps_by_proc: dict[int, list[dic
     ranked = [p for p in procs if p["rank"] == 0]
     if ranked:
         return ranked[0]
-    return max(procs, key=lambda p: (len(steps_by_proc.get(p["id"], [])) + (folded or {}).get(p["id"], 0),
+    folded = folded or {}
+    return max(procs, key=lambda p: ((stats[p["id"]].rows if p["id"] in stats else 0) + folded.get(p["id"], 0),
                                       -p["id"]))
 
 
@@ -230,8 +230,7 @@ def _oom_step(oom: OomReport | None, main: dict[str, Any] | None) -> tuple[int, 
     return None if proc is None else (proc, oom.step)
 
 
-def find_peak(reader: RunReader, procs: list[dict[str, Any]],
-              steps_by_proc: dict[int, list[dict[str, Any]]],
+def find_peak(reader: RunReader, procs: list[dict[str, Any]], stats: dict[int, StepStats],
               oom_step: tuple[int, int] | None = None) -> Peak:
     """The training peak: allocator bytes on CUDA, resident host memory on CPU.
 
@@ -245,73 +244,51 @@ def find_peak(reader: RunReader, procs: list[dict[str, Any]],
     for more than there was (its demand was the run's highest); sampled host RSS cannot tell
     steps that close apart, and which step failed is what the user needs the breakdown of.
     """
-    cuda = bool(reader.scalar("SELECT count(*) FROM cuda_samples"))
-    whole = _peak_cuda(reader, steps_by_proc) if cuda else _peak_rss_samples(reader, procs, steps_by_proc)
+    cuda = bool(reader.scalar("SELECT count(*) FROM (SELECT 1 FROM cuda_samples LIMIT 1)"))
+    whole = _peak_cuda(reader) if cuda else _peak_rss_samples(reader, procs)
     column = "peak_allocated" if cuda else "peak_rss"
     best: Peak | None = None
-    for proc, steps in steps_by_proc.items():
-        for s in steps:
-            value = s[column]
-            # the failing step (an OOM) is a step: its peak is the run's when it is the highest
-            if value is None or s["status"] not in ("ok", "failed"):
-                continue
-            if best is None or value > (best.bytes or 0):  # strict: the earliest step wins a tie
-                best = Peak(int(value), int(s["step"]), whole.metric, proc)
+    for proc, st in stats.items():  # in process order: the first process wins a tie
+        # the failing step (an OOM) is a step: its peak is the run's when it is the highest
+        value = st.peak(column, with_failed=True)
+        if value is not None and (best is None or value > (best.bytes or 0)):
+            best = Peak(value, peak_step(reader, proc, column, value), whole.metric, proc)
     if best is None:
         return whole
-    failed = _failing_step_peak(steps_by_proc, oom_step, column)
+    failed = step_value(reader, *oom_step, column) if oom_step is not None else None
     if failed is not None and failed >= (best.bytes or 0) * (1 - OOM_PEAK_TIE) and oom_step is not None:
         best = Peak(failed, oom_step[1], whole.metric, oom_step[0])
     best.whole_run_bytes = max(whole.bytes or 0, best.bytes or 0)
     return best
 
 
-def _failing_step_peak(steps_by_proc: dict[int, list[dict[str, Any]]],
-                       oom_step: tuple[int, int] | None, column: str) -> int | None:
-    if oom_step is None:
-        return None
-    proc, step = oom_step
-    for s in steps_by_proc.get(proc, []):
-        if int(s["step"]) == step and s[column] is not None:
-            return int(s[column])
-    return None
-
-
-def _peak_rss_samples(reader: RunReader, procs: list[dict[str, Any]],
-                      steps_by_proc: dict[int, list[dict[str, Any]]]) -> Peak:
+def _peak_rss_samples(reader: RunReader, procs: list[dict[str, Any]]) -> Peak:
     """The highest RSS sample of the run, dated to a step when it fell inside one."""
     best: Peak = Peak(None, None, "rss")
     for p in procs:
         # SQLite's bare-column max(): t comes from the row holding the max; one pass, no sort
-        row = reader.query("SELECT t, max(rss) AS rss FROM samples WHERE proc = ?", (p["id"],))
+        row = reader.query(f"SELECT t, max(rss) AS rss FROM {scan_source(reader, 'samples')} WHERE proc = ?",
+                           (p["id"],))
         if row and row[0]["rss"] is not None and (best.bytes is None or row[0]["rss"] > best.bytes):
-            steps = steps_by_proc.get(p["id"], [])
-            best = Peak(int(row[0]["rss"]), _step_at(steps, row[0]["t"]), "rss", p["id"])
+            best = Peak(int(row[0]["rss"]), step_at(reader, p["id"], row[0]["t"]), "rss", p["id"])
     best.whole_run_bytes = best.bytes
     return best
 
 
-def _peak_cuda(reader: RunReader, steps_by_proc: dict[int, list[dict[str, Any]]]) -> Peak:
+def _peak_cuda(reader: RunReader) -> Peak:
     best = Peak(None, None, "cuda_allocated")
     rows = reader.query(
         "SELECT proc, max(allocated_peak) AS hwm FROM cuda_samples GROUP BY proc")
     for r in rows:
         if r["hwm"] is None:
             continue
-        steps = [s for s in steps_by_proc.get(r["proc"], []) if s["peak_allocated"] is not None]
         # the first sample that saw the final high-water mark dates it
         first = reader.query(
             "SELECT min(t) AS t FROM cuda_samples WHERE proc = ? AND allocated_peak >= ?",
             (r["proc"], r["hwm"]))
-        step = _step_at(steps, first[0]["t"]) if first and first[0]["t"] is not None else None
+        step = (step_at(reader, r["proc"], first[0]["t"], "peak_allocated")
+                if first and first[0]["t"] is not None else None)
         if best.bytes is None or r["hwm"] > best.bytes:
             best = Peak(int(r["hwm"]), step, "cuda_allocated", r["proc"])
     best.whole_run_bytes = best.bytes
     return best
-
-
-def _step_at(steps: list[dict[str, Any]], t: float) -> int | None:
-    for s in steps:
-        if s["start"] <= t <= s["end"]:
-            return int(s["step"])
-    return None

@@ -20,6 +20,8 @@ from typing import Any
 
 from memscope.store.reader import RunReader
 
+MAX_MARKS = 4000  # step marks a timeline carries at most (two per slice of time beyond that)
+
 # metric id -> human label; the first metric present is the timeline's primary one
 METRIC_LABELS: dict[str, str] = {
     "cuda_allocated": "CUDA allocated",
@@ -145,12 +147,14 @@ def main_process(reader: RunReader) -> int | None:
     return int(best["id"])
 
 
-def memory_timeline(reader: RunReader, buckets: int = 200, proc: int | None = None) -> Timeline:
+def memory_timeline(reader: RunReader, buckets: int = 200, proc: int | None = None,
+                    marks: bool = True) -> Timeline:
     """Downsample the main process's memory series to at most ``buckets`` points each.
 
     Series: ``rss`` (host resident memory, from ``samples``) always; ``cuda_allocated`` and
     ``cuda_reserved`` (summed over devices) when the process has CUDA samples, and then they
     come first. Buckets are equal slices of [first sample, last sample] shared by all series.
+    ``marks=False``: without the step marks (:func:`step_marks`), for a caller that draws none.
     """
     if buckets < 1:
         raise ValueError("buckets must be at least 1")
@@ -167,18 +171,17 @@ def memory_timeline(reader: RunReader, buckets: int = 200, proc: int | None = No
     dev = reader.query("SELECT min(t) AS lo, max(t) AS hi FROM cuda_samples WHERE proc = ?", (proc,))[0]
     lows = [x for x in (host["lo"], dev["lo"]) if x is not None]
     highs = [x for x in (host["hi"], dev["hi"]) if x is not None]
-    steps = reader.query("SELECT step, start, end, status FROM steps WHERE proc = ? ORDER BY step",
-                         (proc,))
+    steps = step_marks(reader, proc) if marks else []
     if origin is None:
         origin = min(lows) if lows else (steps[0]["start"] if steps else 0.0)
-    marks = [StepMark(int(s["step"]), s["start"] - origin, s["end"] - origin, s["status"])
+    ticks = [StepMark(int(s["step"]), s["start"] - origin, s["end"] - origin, s["status"])
              for s in steps]
-    windows = reader.step_windows(proc)
+    windows = reader.step_windows(proc) if marks else []
     if windows:  # a long run's folded steps: one mark per window (at most one a second)
-        marks = sorted(marks + [StepMark(int(w["last_step"]), w["start"] - origin, w["end"] - origin, "folded")
+        ticks = sorted(ticks + [StepMark(int(w["last_step"]), w["start"] - origin, w["end"] - origin, "folded")
                                 for w in windows], key=lambda m: m.step)
     if not lows:
-        return Timeline(proc, origin, 0.0, 0.0, 0.0, 0, {}, marks)
+        return Timeline(proc, origin, 0.0, 0.0, 0.0, 0, {}, ticks)
 
     lo, hi = min(lows), max(highs)
     width = (hi - lo) / buckets if hi > lo else 0.0
@@ -201,7 +204,31 @@ def memory_timeline(reader: RunReader, buckets: int = 200, proc: int | None = No
     rows = _bucket_max(reader, "samples", "rss", "proc = ?", (proc,), edges)
     series["rss"] = Series("rss", METRIC_LABELS["rss"], [(t - origin, v) for _, t, v, _ in rows])
     return Timeline(proc, origin, lo - origin, hi - origin, width,
-                    sum(n for *_, n in rows), series, marks)
+                    sum(n for *_, n in rows), series, ticks)
+
+
+def step_marks(reader: RunReader, proc: int, limit: int = MAX_MARKS) -> list[dict[str, Any]]:
+    """The steps of ``proc`` in step order (step, start, end, status); a run of more than
+    ``limit`` steps gets, of the steps ending in each of ``limit // 2`` equal slices of time, the
+    first and the last to end. A ruler of up to ``limit // 2`` cells that ticks where steps end
+    draws the same ticks from those (a cell no narrower than a slice holds a step's end exactly
+    when it holds a slice's first or last), and a million steps stay in SQLite."""
+    n = int(reader.scalar("SELECT count(*) FROM steps WHERE proc = ?", (proc,)) or 0)
+    if n <= limit:
+        return reader.query("SELECT step, start, end, status FROM steps WHERE proc = ? ORDER BY step",
+                            (proc,))
+    from memscope.store.step_stats import scan_source
+
+    src = scan_source(reader, "steps")
+    lo, hi = (reader.query(f"SELECT min(end) AS lo, max(end) AS hi FROM {src} WHERE proc = ?", (proc,))[0][k]
+              for k in ("lo", "hi"))
+    width = (hi - lo) / (limit // 2) or 1.0
+    picked: dict[int, dict[str, Any]] = {}
+    for pick in ("min", "max"):  # SQLite's bare columns come from the row holding the min / max
+        for r in reader.query(f"SELECT step, start, {pick}(end) AS end, status FROM {src} WHERE proc = ?"
+                              " GROUP BY CAST((end - ?) / ? AS INTEGER)", (proc, lo, width)):
+            picked[int(r["step"])] = r
+    return [picked[k] for k in sorted(picked)]
 
 
 def _edges(lo: float, hi: float, buckets: int) -> list[tuple[float, float]]:

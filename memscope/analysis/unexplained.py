@@ -105,10 +105,56 @@ def steady_growth(levels: list[tuple[int, int]]) -> tuple[float, int, int] | Non
     for i in range(len(pts) - 1, -1, -1):
         low = pts[i][1] if low is None else min(low, pts[i][1])
         env[i] = low
-    n = len(pts)
-    cuts = [(i * (n - 1)) // QUARTERS for i in range(QUARTERS + 1)]
-    steps = [pts[c][0] for c in cuts]
-    vals = [env[c] for c in cuts]
+    cuts = quarter_cuts(len(pts))
+    return _steady([pts[c][0] for c in cuts], [env[c] for c in cuts])
+
+
+def quarter_cuts(n: int) -> list[int]:
+    """Indexes of the points that cut ``n`` points into quarters (the first and last included)."""
+    return [(i * (n - 1)) // QUARTERS for i in range(QUARTERS + 1)]
+
+
+def steady_growth_of(reader: "RunReader", proc: int) -> tuple[str, tuple[float, int, int] | None]:
+    """(metric, :func:`steady_growth` of :func:`level_series`), computed by SQLite: a count,
+    then one pass that keeps the lower envelope at the quarter cuts only (a million steps are
+    never Python objects): minima over step ranges when the steps are consecutive, else a
+    window running back from the last step."""
+    if "end_rss" not in _columns(reader, "steps"):
+        return "rss", None  # a run file from before schema 5
+    from memscope.store.step_stats import scan_source
+
+    src = scan_source(reader, "steps")
+    cuda = reader.scalar(f"SELECT count(*) FROM (SELECT 1 FROM {src} WHERE proc = ? AND status = 'ok'"
+                         " AND end_allocated IS NOT NULL LIMIT 1)", (proc,))
+    metric, column = ("cuda_allocated", "end_allocated") if cuda else ("rss", "end_rss")
+    where = f"proc = ? AND status = 'ok' AND {column} IS NOT NULL AND step >= ?"
+    n, first, last = next(reader.rows(f"SELECT count(*), min(step), max(step) FROM {src} WHERE {where}",
+                                      (proc, WARMUP_STEPS)))
+    if n < MIN_STEPS:
+        return metric, None
+    cuts = quarter_cuts(n)
+    if last - first + 1 == n:
+        # the points are consecutive steps (step numbers are unique): point c is step first + c,
+        # and the envelope at each cut is one minimum over the steps from there on, all in one pass
+        steps = [first + c for c in cuts]
+        lows = ", ".join(f"min(CASE WHEN step >= {s} THEN {column} END)" for s in steps)
+        vals = [int(v) for v in next(reader.rows(f"SELECT {lows} FROM {src} WHERE {where}",
+                                                 (proc, WARMUP_STEPS)))]
+        return metric, _steady(steps, vals)
+    # counted from the end: the window runs backwards, so its minimum is the later steps' lowest
+    back = {n - c: i for i, c in enumerate(cuts)}
+    rows = reader.rows(
+        f"SELECT step, low, k FROM (SELECT step, min({column}) OVER w AS low, count(*) OVER w AS k"
+        f" FROM steps WHERE {where} WINDOW w AS (ORDER BY step DESC ROWS UNBOUNDED PRECEDING))"
+        f" WHERE k IN ({', '.join('?' * len(back))})", (proc, WARMUP_STEPS, *back))
+    at = {back[int(k)]: (int(step), int(low)) for step, low, k in rows}
+    if len(at) != len(back):
+        return metric, None  # the table changed between the two reads (a live run): next time
+    return metric, _steady([at[i][0] for i in range(len(at))], [at[i][1] for i in range(len(at))])
+
+
+def _steady(steps: list[int], vals: list[int]) -> tuple[float, int, int] | None:
+    """The verdict from the lower envelope ``vals`` at the quarter cuts ``steps``."""
     if any(b <= a for a, b in zip(vals, vals[1:])) or any(b <= a for a, b in zip(steps, steps[1:])):
         return None
     rates = [(vals[i + 1] - vals[i]) / (steps[i + 1] - steps[i]) for i in range(QUARTERS)]
@@ -145,8 +191,7 @@ def unexplained_growth(reader: "RunReader", proc: int | None,
     report; growth beyond it shows once it is fixed)."""
     if proc is None:
         return None
-    metric, levels = level_series(reader, proc)
-    found = steady_growth(levels)
+    metric, found = steady_growth_of(reader, proc)
     if found is None:
         return None
     rate, first, last = found

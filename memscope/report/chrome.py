@@ -18,6 +18,7 @@ from typing import Any, Iterator, TextIO
 from memscope import __version__
 from memscope.report.format import iso
 from memscope.store.reader import RunReader
+from memscope.store.schema import RunFileError
 
 STEPS_TID = 1  # the thread that carries the step spans and the instant events
 COUNTERS_TID = 0
@@ -32,8 +33,10 @@ def process_label(proc: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
-    """Every trace event of the run: metadata first, then per process counters, spans, instants."""
+def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | str]:
+    """Every trace event of the run: metadata first, then per process counters, spans, instants.
+    An event is a dict, or its JSON text already (the samples and the steps)."""
+    statuses: dict[str, str] = {}
     run = reader.run()
     procs = reader.processes()
     origin = _origin(reader, run)
@@ -56,10 +59,12 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
 
     for p in procs:
         pid = int(p["id"])
+        # the two long series as text, as json.dumps would write them (a float's repr, compact):
+        # a million events a second, not a dict and a dumps() each
         for t, rss in reader.rows(
                 "SELECT t, rss FROM samples WHERE proc = ? ORDER BY t", (pid,)):
-            yield {"ph": "C", "name": "host RSS", "pid": pid, "tid": COUNTERS_TID, "ts": us(t),
-                   "args": {"rss": int(rss)}}
+            yield (f'{{"ph":"C","name":"host RSS","pid":{pid},"tid":{COUNTERS_TID},"ts":{us(t)!r},'
+                   f'"args":{{"rss":{int(rss)}}}}}')
         for t, device, allocated, reserved in reader.rows(
                 "SELECT t, device, allocated, reserved FROM cuda_samples WHERE proc = ?"
                 " ORDER BY device, t", (pid,)):
@@ -72,14 +77,22 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any]]:
                 " ORDER BY device, t", (pid,)):
             yield {"ph": "C", "name": f"cuda:{device} NVML used", "pid": pid, "tid": COUNTERS_TID,
                    "ts": us(t), "args": {"used": int(used)}}
-        for s in reader.steps(pid):
-            args = {"step": s["step"], "status": s["status"]}
-            for key in ("peak_rss", "peak_allocated", "peak_reserved"):
-                if s[key] is not None:
-                    args[key] = int(s[key])
-            yield {"ph": "X", "cat": "step", "name": f"step {s['step']}", "pid": pid,
-                   "tid": STEPS_TID, "ts": us(s["start"]),
-                   "dur": round(max(s["end"] - s["start"], 0.0) * 1e6, 3), "args": args}
+        for step, start, end, status, *peaks in reader.rows(
+                "SELECT step, start, end, status, peak_rss, peak_allocated, peak_reserved FROM steps"
+                " WHERE proc = ? ORDER BY step", (pid,)):
+            if None in (step, start, end, status):
+                raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
+                                   f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
+            quoted = statuses.get(status) or statuses.setdefault(status, json.dumps(status))
+            rss, allocated, reserved = peaks
+            extra = "" if rss is None else f',"peak_rss":{int(rss)}'
+            if allocated is not None:
+                extra += f',"peak_allocated":{int(allocated)}'
+            if reserved is not None:
+                extra += f',"peak_reserved":{int(reserved)}'
+            yield (f'{{"ph":"X","cat":"step","name":"step {step}","pid":{pid},"tid":{STEPS_TID},'
+                   f'"ts":{us(start)!r},"dur":{round(max(end - start, 0.0) * 1e6, 3)!r},'
+                   f'"args":{{"step":{step},"status":{quoted}{extra}}}}}')
         for w in reader.step_windows(pid):  # steps a long run folded: one span per window
             wargs: dict[str, Any] = {"first_step": w["first_step"], "last_step": w["last_step"], "steps": w["steps"],
                     "mean_s": w["duration_sum"] / w["steps"], "status": "folded"}
@@ -132,11 +145,16 @@ def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
     out.write(json.dumps(other))
     out.write(', "traceEvents": [\n')
     n = 0
+    chunk: list[str] = []
     for event in chrome_events(reader):
-        if n:
-            out.write(",\n")
-        out.write(json.dumps(event, separators=(",", ":")))
-        n += 1
+        chunk.append(event if isinstance(event, str) else json.dumps(event, separators=(",", ":")))
+        if len(chunk) >= 4096:  # one write per few thousand events
+            out.write((",\n" if n else "") + ",\n".join(chunk))
+            n += len(chunk)
+            chunk.clear()
+    if chunk:
+        out.write((",\n" if n else "") + ",\n".join(chunk))
+        n += len(chunk)
     out.write("\n]}\n")
     return n
 

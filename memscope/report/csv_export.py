@@ -88,12 +88,24 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     if table not in tables(reader):  # names come from sqlite_master only: nothing to inject
         raise ValueError(f"no table {table!r} in {reader.path}")
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(reader.columns(table))
+    columns = reader.columns(table)
+    w.writerow(columns)
     n = 0
-    for r in reader.rows(f'SELECT * FROM "{table}"', checked=False):  # the table as it is
-        w.writerow([_cell(v) for v in r])
+    # the table as it is, each value made a cell by SQLite (what _cell does, per column, in C);
+    # csv writes NULL as an empty cell
+    cells = ", ".join(_sql_cell(c) for c in columns)
+    for r in reader.rows(f'SELECT {cells} FROM "{table}"', checked=False):
+        w.writerow(r)
         n += 1
     return n
+
+
+def _sql_cell(column: str) -> str:
+    """:func:`_cell` as an SQL expression over ``column``."""
+    q = '"' + column.replace('"', '""') + '"'
+    starts = ", ".join(f"char({ord(c)})" for c in _FORMULA_START)
+    return (f"CASE WHEN typeof({q}) = 'text' AND substr({q}, 1, 1) IN ({starts}) THEN char(39) || {q}"
+            f" WHEN typeof({q}) = 'blob' THEN lower(hex({q})) ELSE {q} END")
 
 
 def write_directory(reader: RunReader, directory: str) -> dict[str, int]:

@@ -58,12 +58,12 @@ def chart_lines(reader: RunReader, summary: RunSummary) -> list[Line]:
     procs = summary.processes
     lines: list[Line] = []
     if len(procs) <= 1:
-        tl = memory_timeline(reader, BUCKETS)
+        tl = memory_timeline(reader, BUCKETS, marks=False)
         for i, s in enumerate(tl.series.values()):
             lines.append(Line(s.label, s.points, PALETTE[i % len(PALETTE)], dashed=i > 0))
         return lines
     for i, p in enumerate(procs):
-        tl = memory_timeline(reader, BUCKETS, proc=int(p["id"]))
+        tl = memory_timeline(reader, BUCKETS, proc=int(p["id"]), marks=False)
         primary: Series | None = tl.primary
         if primary is None or not primary.points:
             continue
@@ -355,19 +355,28 @@ footer{color:#888;font-size:12px;padding:0 16px 16px}
 """
 
 
+def step_spans(reader: RunReader, proc: int | None, origin: float) -> list[tuple[float, float]]:
+    """(start, end) of each step of ``proc`` since ``origin``; none past MAX_STEP_BANDS steps (the
+    chart draws no bands then): a long run's steps stay in the file."""
+    if proc is None:
+        return []
+    rows = reader.query("SELECT start, end FROM steps WHERE proc = ? ORDER BY step LIMIT ?",
+                        (proc, MAX_STEP_BANDS + 1))
+    if len(rows) > MAX_STEP_BANDS:
+        return []
+    return [(st["start"] - origin, st["end"] - origin) for st in rows]
+
+
 def render_html(reader: RunReader, summary: RunSummary | None = None) -> str:
     s = summary if summary is not None else summarize(reader)
     lines = chart_lines(reader, s)
     origin = (reader.run() or {}).get("started") or 0.0
-    main_steps = [st for st in reader.steps(s.main_proc)] if s.main_proc is not None else []
-    spans = [(st["start"] - origin, st["end"] - origin) for st in main_steps]
-    if s.main_proc is not None:  # a long run's folded steps: one band per window
-        spans = sorted(spans + [(w["start"] - origin, w["end"] - origin) for w in reader.step_windows(s.main_proc)])
+    spans = step_spans(reader, s.main_proc, origin)
     peak_span = None
     if s.peak.step is not None:
-        for st in reader.steps(s.peak.proc if s.peak.proc is not None else s.main_proc):
-            if st["step"] == s.peak.step:
-                peak_span = (st["start"] - origin, st["end"] - origin)
+        for st in reader.query("SELECT start, end FROM steps WHERE proc = ? AND step = ?",
+                               (s.peak.proc if s.peak.proc is not None else s.main_proc, s.peak.step)):
+            peak_span = (st["start"] - origin, st["end"] - origin)
     oom_t = None
     if s.oom is not None and s.oom.kind == "oom":
         first = reader.events("oom")
