@@ -76,7 +76,15 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
     span = f"{names[0]} … {names[-1]}" if len(names) > 2 else ", ".join(names)
     types = list(dict.fromkeys(b["type"] or "?" for b in blocks))
     kind = types[0] if len(types) == 1 else "/".join(types[:4])
-    if plan.mode == "blocks":
+    hf = _transformers_model(f)
+    if plan.mode == "blocks" and hf:
+        how = (f"call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+               f"{{\"use_reentrant\": False}})` before training ({hf} is a transformers model: it "
+               f"checkpoints each of its {len(names)} {kind} blocks ({span}) itself, no library code "
+               "to edit; with peft, call it on the model before get_peft_model, or on the PeftModel); "
+               "backward recomputes each block's forward (about one extra forward pass of compute)")
+        shape = f"each of the {len(names)} blocks checkpointed"
+    elif plan.mode == "blocks":
         how = (f"wrap each of the {len(names)} {kind} blocks ({span}): in the parent's forward, "
                "`x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)` instead of "
                "`x = block(x)`; backward recomputes each block's forward (about one extra forward "
@@ -103,6 +111,22 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
         f"{_b(plan.outside)} outside the blocks stays"
         + (f"; working set at the peak {_b(plan.working)}" if plan.working else ""),
         how)]
+
+
+# class names of transformers' PreTrainedModel heads (and peft's wrappers around them)
+_HF_MODEL = re.compile(r"^(?:PeftModel\w*|\w+(?:LMHeadModel|PreTrainedModel|For(?:CausalLM|MaskedLM|Seq2SeqLM|"
+                       r"SequenceClassification|TokenClassification|QuestionAnswering|"
+                       r"ConditionalGeneration|ImageClassification|PreTraining)))$")
+
+
+def _transformers_model(f: Facts) -> str | None:
+    """The class of the outermost transformers model in the profile (a PreTrainedModel has
+    ``gradient_checkpointing_enable()``), or None."""
+    for r in sorted(f.layers, key=lambda r: len(str(r["module"] or "").split("."))
+                    if r["module"] else 0):
+        if _HF_MODEL.match(str(r["type"] or "")):
+            return str(r["type"])
+    return None
 
 
 def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
