@@ -56,6 +56,10 @@ class Case:
     sdpa: bool = False  # takes `sdpa` as its second argument (efficient_attention measured)
 
 
+def case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
 CASES = [
     Case("makemore", TP / "makemore_transformer.py", ["1000"], sdpa=True),
     Case("minGPT", TP / "mingpt_chargpt.py", ["1000"], sdpa=True),
@@ -95,13 +99,13 @@ def _db(case: Case, workdir: str, label: str) -> str:
     return os.path.join(workdir, f"whatif-{case.script.stem}-{label}.db")
 
 
-def record(case: Case, workdir: str) -> None:
+def record(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_WHATIF) -> None:
     """The runs of one case under ``workdir``: whatif's baseline and trials, and the sdpa run.
     Runs already there (a finished file) are kept: the figures are computed again from them."""
-    labels = ["baseline", *MEASURED_BY_WHATIF]
+    labels = ["baseline", *techniques]
     if not all(os.path.exists(_db(case, workdir, t)) for t in labels):
         cmd = [sys.executable, "-m", "memscope", "whatif", "--json", "--steps", str(STEPS), "--db-dir", workdir,
-               "--try", ",".join(MEASURED_BY_WHATIF), str(case.script), *case.args]
+               "--try", ",".join(techniques), str(case.script), *case.args]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if done.returncode != 0:
             raise RuntimeError(f"{case.name}: whatif failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -126,7 +130,7 @@ def _row(case: str, technique: str, suggested: int | None, measured: int | None)
     return Row(case, technique, suggested, measured, error, ok)
 
 
-def analyse(case: Case, workdir: str) -> list[Row]:
+def analyse(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_WHATIF) -> list[Row]:
     """Every suggestion of the baseline and every measured technique, one row each: the figure
     is what ``memscope report`` suggests for the baseline run, the measured saving what
     ``memscope whatif`` compares it with (memscope.analysis.whatif.compare)."""
@@ -134,7 +138,7 @@ def analyse(case: Case, workdir: str) -> list[Row]:
         figures = {s.technique: s.estimated_saving_bytes for s in suggest(reader)}
     base = _measure(_db(case, workdir, "baseline"))
     rows = []
-    for t in MEASURED_BY_WHATIF:
+    for t in techniques:
         c = compare(t, base, _measure(_db(case, workdir, t)), figures.get(t))
         rows.append(_row(case.name, t, figures.get(t), c.measured_saving_bytes if c.applied else None))
     if case.sdpa:

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memscope.analysis.suggestions.facts import ACTIVATION_SHARE, MIN_SHARE, Facts, Suggestion, _b, _working_set
+from memscope.analysis.suggestions.facts import ACTIVATION_SHARE, MIN_SHARE, Facts, Suggestion, _b, _working_set, \
+    transformers_model
 
 _BLOCK = re.compile(r"^(?:(.*)\.)?(\d+)$")
 
@@ -76,7 +77,7 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
     span = f"{names[0]} … {names[-1]}" if len(names) > 2 else ", ".join(names)
     types = list(dict.fromkeys(b["type"] or "?" for b in blocks))
     kind = types[0] if len(types) == 1 else "/".join(types[:4])
-    hf = _transformers_model(f)
+    hf = transformers_model(f.layers)
     if plan.mode == "blocks" and hf:
         how = (f"call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
                f"{{\"use_reentrant\": False}})` before training ({hf} is a transformers model: it "
@@ -111,22 +112,6 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
         f"{_b(plan.outside)} outside the blocks stays"
         + (f"; working set at the peak {_b(plan.working)}" if plan.working else ""),
         how)]
-
-
-# class names of transformers' PreTrainedModel heads (and peft's wrappers around them)
-_HF_MODEL = re.compile(r"^(?:PeftModel\w*|\w+(?:LMHeadModel|PreTrainedModel|For(?:CausalLM|MaskedLM|Seq2SeqLM|"
-                       r"SequenceClassification|TokenClassification|QuestionAnswering|"
-                       r"ConditionalGeneration|ImageClassification|PreTraining)))$")
-
-
-def _transformers_model(f: Facts) -> str | None:
-    """The class of the outermost transformers model in the profile (a PreTrainedModel has
-    ``gradient_checkpointing_enable()``), or None."""
-    for r in sorted(f.layers, key=lambda r: len(str(r["module"] or "").split("."))
-                    if r["module"] else 0):
-        if _HF_MODEL.match(str(r["type"] or "")):
-            return str(r["type"])
-    return None
 
 
 def checkpoint_plan(f: Facts) -> CheckpointPlan | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,3 +205,18 @@ def _b(n: int | float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+# class names of transformers' PreTrainedModel heads (and peft's wrappers around them)
+HF_MODEL = re.compile(r"^(?:PeftModel\w*|\w+(?:LMHeadModel|PreTrainedModel|For(?:CausalLM|MaskedLM|Seq2SeqLM|"
+                      r"SequenceClassification|TokenClassification|QuestionAnswering|"
+                      r"ConditionalGeneration|ImageClassification|PreTraining)))$")
+
+
+def transformers_model(layers: list[dict[str, Any]]) -> str | None:
+    """The class of the outermost transformers model in a profile (a PreTrainedModel: it has
+    ``gradient_checkpointing_enable()``, computes its loss in float32), or None."""
+    for r in sorted(layers, key=lambda r: len(str(r["module"] or "").split(".")) if r["module"] else 0):
+        if HF_MODEL.match(str(r["type"] or "")):
+            return str(r["type"])
+    return None
