@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from memscope.analysis.suggestions.facts import MIN_SHARE, Facts, Suggestion, _b
+from memscope.analysis.suggestions.facts import MIN_SHARE, Facts, Suggestion, _b, transformers_model
 
 _ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
 _DROPOUT = re.compile(r"Dropout")
@@ -20,8 +20,14 @@ def efficient_attention(f: Facts) -> list[Suggestion]:
     larger than its parent's: the N x N probabilities, as in ng-video-lecture's ``Head``) is left
     out: the CPU flash kernel takes no dropout, so scaled_dot_product_attention runs its math
     kernel, which stores the scores again (measured on ng-video-lecture: 0.03 MiB saved of the
-    6.5 MiB the scores take). On CUDA the memory-efficient kernel takes dropout."""
+    6.5 MiB the scores take). On CUDA the memory-efficient kernel takes dropout. A transformers
+    model on CPU is left out too: its attention is scaled_dot_product_attention already
+    (``attn_implementation="sdpa"``, the default), and the scores it stores are the math
+    kernel's (attention dropout, or masks the flash kernel refuses): the advice would change
+    nothing (no whatif trial can measure this; the HF Trainer's GPT-2 was the case)."""
     cpu = not f.device.startswith("cuda")
+    if cpu and transformers_model(f.layers):
+        return []
     hits: list[tuple[str, str, int, int, int]] = []
     dropped: list[str] = []
     for r in sorted(f.layers, key=lambda r: r["module"] or ""):
