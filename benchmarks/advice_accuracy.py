@@ -66,7 +66,7 @@ CASES = [
     Case("ng-video-lecture", TP / "ng_video_lecture.py", ["1000"], sdpa=True),
     Case("peft LoRA GPT-2", TP / "lora_gpt2.py", ["1000"]),
     Case("HF Trainer", TP / "hf_trainer.py", ["1000"]),
-    Case("Lightning", TP / "lightning_tiny.py", ["1000"]),
+    Case("Lightning", TP / "lightning_tiny.py", ["1000"], sdpa=True),
     Case("nanoGPT", ROOT / "examples" / "scenarios" / "nanogpt.py", NANOGPT_ARGS),
     Case("word_language_model", TP / "word_language_model.py", ["1000"]),
 ]

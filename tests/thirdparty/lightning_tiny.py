@@ -1,6 +1,7 @@
 """A tiny Lightning run: a LightningModule holding a small causal transformer (explicit attention,
 GELU MLP, LayerNorm, blocks in a ModuleList), AdamW from configure_optimizers, trained by
-`Trainer(accelerator="cpu")` on random tokens; no checkpoints or logs written."""
+`Trainer(accelerator="cpu")` on random tokens; no checkpoints or logs written.
+`lightning_tiny.py STEPS sdpa` runs the attention through scaled_dot_product_attention."""
 import math
 import sys
 
@@ -10,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB, BLOCK, WIDTH, HEADS, LAYERS, BATCH = 512, 64, 96, 4, 3, 32
+SDPA = sys.argv[2:3] == ["sdpa"]  # argv: [steps] [sdpa]
 
 
 class Attention(nn.Module):
@@ -22,9 +24,13 @@ class Attention(nn.Module):
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // HEADS)
-        att = F.softmax(att.masked_fill(~self.mask[:t, :t], float("-inf")), dim=-1)
-        return self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
+        if SDPA:  # the efficient_attention suggestion applied
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(c // HEADS)
+            att = F.softmax(att.masked_fill(~self.mask[:t, :t], float("-inf")), dim=-1)
+            y = att @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
 class Block(nn.Module):
