@@ -1,0 +1,222 @@
+"""What the rules read: the measured facts of a run gathered once (:func:`gather`), the
+:class:`Suggestion` each rule returns, and the thresholds and helpers they share."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memscope.analysis.hotspots import layer_rows
+from memscope.analysis.leaks import has_inventories
+from memscope.analysis.oom import ABSURD_REQUEST, demand
+from memscope.analysis.oom_limits import attention_scores
+from memscope.analysis.summary import RunSummary
+from memscope.store.reader import RunReader
+
+ACTIVATION_SHARE = 0.30  # activations at least this share of the tensors: checkpointing, accumulation
+OPTIMIZER_SHARE = 0.25  # optimizer state at least this share: lighter optimizer, offload
+MIN_SHARE = 0.05  # a suggestion saving less than this share of the tensors is not worth the change
+MIN_SAVING = 1 << 20  # nor one saving less than 1 MiB (leak fixes excepted: leaks keep growing)
+ELEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+@dataclass
+class Suggestion:
+    technique: str
+    estimated_saving_bytes: int
+    evidence: str
+    how: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"technique": self.technique, "estimated_saving_bytes": self.estimated_saving_bytes,
+                "evidence": self.evidence, "how": self.how}
+
+
+@dataclass
+class Facts:
+    """The measured numbers the rules read, gathered once."""
+
+    device: str
+    world_size: int
+    steps: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    other: int
+    tensor_total: int
+    layers: list[dict[str, Any]]  # layer_stats rows of the profiled step nearest the peak
+    layer_step: int | None
+    param_groups: list[dict[str, Any]]  # inventory groups of the parameters (last inventory)
+    activation_dtypes: dict[str, int]  # bytes of inventoried tensors with a grad_fn, by dtype
+    cuda_peak: dict[str, Any] | None  # the cuda_samples row where reserved was highest
+    tensor_peak: int | None = None  # exact live tensor bytes peak (``tensor_peak`` option: what-ifs)
+    oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
+    layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
+    basis: str = "at the peak"  # the moment the numbers describe
+    device_total: int | None = None  # the GPU's memory (NVML), or the --simulate-gpu cap
+    micro_batches: int | None = None  # forwards per optimizer step in the profiled step (accumulation)
+    closure_forwards: int = 0  # of those, evaluations of an optimizer's closure (LBFGS)
+    attention_scores: int = 0  # N x N attention scores live at the OOM (its census), bytes
+
+    @property
+    def layer_source(self) -> str:
+        """Where the per-layer numbers come from, for the evidence."""
+        text = f"profiled step {self.layer_step}"
+        if self.layer_scale:
+            text += f", scaled x{self.layer_scale:.1f} to the activations live at the out-of-memory error"
+        return text
+
+    def share(self, n: int) -> float:
+        return n / self.tensor_total if self.tensor_total else 0.0
+
+    @property
+    def trainable_bytes(self) -> int:
+        b = sum(g["bytes"] for g in self.param_groups if g["requires_grad"])
+        return b or self.parameters
+
+
+def gather(reader: RunReader, s: RunSummary) -> Facts | None:
+    proc = s.main_proc
+    bd = s.peak.breakdown or {}  # none without a profiled step: only the allocator rule applies
+    at_failure = s.peak.breakdown_at_failure
+    if not at_failure and s.oom is not None and s.oom.kind == "oom" and s.oom.breakdown_at_failure \
+            and (s.oom.proc is None or s.oom.proc == s.main_proc):
+        # a run that ran out of memory is judged at the failure, where memory ran out, whatever
+        # step its host RSS (which rarely falls) peaked in
+        at_failure = True
+    basis = "at the peak"
+    if at_failure and s.oom is not None:
+        bd = demand(s.oom) or bd
+        basis = "at the out-of-memory error"
+        req = s.oom.requested_bytes
+        if req is not None and req <= ABSURD_REQUEST and s.oom.phase in ("forward", "backward", "optimizer"):
+            basis += f" (live, plus the {_b(req)} it failed to allocate)"
+    if proc is None:
+        return None
+    cuda = s.device.startswith("cuda")
+    keys = ("parameters", "gradients", "optimizer_state", "activations")
+    total = sum(int(bd.get(k) or 0) for k in keys) + (int(bd.get("other") or 0) if cuda else 0)
+    layers = layer_rows(reader, proc, s.hotspot_step) if s.hotspot_step is not None else []
+    params: list[dict[str, Any]] = []
+    act_dtypes: dict[str, int] = {}
+    if has_inventories(reader):
+        last = reader.scalar("SELECT max(step) FROM inventories WHERE proc = ?", (proc,))
+        if last is not None:
+            params = reader.query(
+                "SELECT dtype, shape, requires_grad, sum(bytes) AS bytes FROM inventory_groups "
+                "WHERE proc = ? AND step = ? AND category = 'parameters' "
+                "GROUP BY dtype, shape, requires_grad", (proc, last))
+        for r in reader.query(
+                "SELECT dtype, sum(bytes + graph_bytes) AS b FROM inventory_groups WHERE proc = ? "
+                "AND category = 'activations' AND grad_fn IS NOT NULL GROUP BY dtype", (proc,)):
+            act_dtypes[r["dtype"]] = int(r["b"] or 0)
+    cuda_peak = None
+    if cuda:
+        rows = reader.query("SELECT * FROM cuda_samples WHERE reserved IS NOT NULL "
+                            "ORDER BY reserved DESC, t LIMIT 1")
+        cuda_peak = rows[0] if rows else None
+    scale = None
+    if at_failure and layers and s.hotspot_step is not None:
+        # the breakdown is the failing step's (a bigger batch, often): per-layer numbers of the
+        # profiled step are scaled to the activations measured live at the failure
+        prof = reader.scalar("SELECT activations FROM step_breakdown WHERE proc = ? AND step = ?",
+                             (proc, s.hotspot_step))
+        live = int(bd.get("activations") or 0)
+        if prof and live > prof:
+            scale = live / int(prof)
+            layers = [{**r, "saved_bytes": int((r["saved_bytes"] or 0) * scale),
+                       "output_bytes": int((r["output_bytes"] or 0) * scale)} for r in layers]
+    oom_alloc, expandable = _allocator_facts(reader, s)
+    world = max([int(p.get("world_size") or 1) for p in s.processes] or [1])
+    peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
+             if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
+    return Facts(device=s.device, world_size=world, steps=s.steps,
+                 device_total=_device_total(reader) if cuda else None,
+                 parameters=int(bd.get("parameters") or 0), gradients=int(bd.get("gradients") or 0),
+                 optimizer_state=int(bd.get("optimizer_state") or 0),
+                 activations=int(bd.get("activations") or 0), other=int(bd.get("other") or 0),
+                 tensor_total=total, layers=layers, layer_step=s.hotspot_step,
+                 param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
+                 tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
+                 expandable_segments=expandable, layer_scale=scale, basis=basis,
+                 micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
+                 attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0)
+
+
+def _allocator_facts(reader: RunReader, s: RunSummary) -> tuple[dict[str, Any] | None, bool]:
+    """The CUDA allocator's state at the run's OOM (when it was read there), and whether
+    expandable segments were already on (the OOM record, the agent's ``cuda_allocator`` event,
+    an imported snapshot's allocator settings)."""
+    d = s.oom.data if s.oom is not None and s.oom.kind == "oom" else {}
+    state = d if d.get("reserved_bytes") is not None and d.get("inactive_split_bytes") is not None else None
+    on = bool(d.get("expandable_segments"))
+    for ev in reader.events("cuda_allocator"):
+        on = on or bool(isinstance(ev["data"], dict) and ev["data"].get("expandable_segments"))
+    for ev in reader.events("snapshot"):
+        settings = ev["data"].get("allocator_settings") if isinstance(ev["data"], dict) else None
+        on = on or bool(isinstance(settings, dict) and settings.get("expandable_segments") is True)
+    return state, on
+
+
+def _device_total(reader: RunReader) -> int | None:
+    """The memory the run had: the --simulate-gpu cap when one applied, else NVML's total."""
+    caps = [int(e["data"]["simulate_gpu_bytes"]) for e in reader.events("simulate_gpu")
+            if isinstance(e["data"], dict) and e["data"].get("simulate_gpu_bytes")]
+    if caps:
+        return min(caps)
+    total = reader.scalar("SELECT max(total) FROM nvml_samples")
+    return int(total) if total else None
+
+
+def _working_set(f: Facts) -> int:
+    """Live tensor bytes at the peak besides the model states and the saved activations: the op
+    output being made, tensors the script holds (logits), the loss gradient. Known only from the
+    exact live-tensor peak of a what-if baseline; 0 otherwise. States are counted live at the
+    peak (gradients of the previous step too): a lower bound, so no saving is overstated."""
+    if f.tensor_peak is None:
+        return 0
+    states = f.parameters + f.gradients + f.optimizer_state
+    return max(0, f.tensor_peak - states - f.activations)
+
+
+def _float64_share(f: Facts) -> float:
+    """The share of the parameters' bytes that are float64 (0 without an inventory)."""
+    pbytes = sum(g["bytes"] for g in f.param_groups)
+    return sum(g["bytes"] for g in f.param_groups if g["dtype"] == "float64") / pbytes if pbytes else 0.0
+
+
+def _ndim(shape: Any) -> int:
+    try:
+        v = json.loads(shape) if isinstance(shape, str) else shape
+        return len(v) if isinstance(v, list) else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _b(n: int | float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+# class names of transformers' PreTrainedModel heads (and peft's wrappers around them)
+HF_MODEL = re.compile(r"^(?:PeftModel\w*|\w+(?:LMHeadModel|PreTrainedModel|For(?:CausalLM|MaskedLM|Seq2SeqLM|"
+                      r"SequenceClassification|TokenClassification|QuestionAnswering|"
+                      r"ConditionalGeneration|ImageClassification|PreTraining)))$")
+
+
+def transformers_model(layers: list[dict[str, Any]]) -> str | None:
+    """The class of the outermost transformers model in a profile (a PreTrainedModel: it has
+    ``gradient_checkpointing_enable()``, computes its loss in float32), or None."""
+    for r in sorted(layers, key=lambda r: len(str(r["module"] or "").split(".")) if r["module"] else 0):
+        if HF_MODEL.match(str(r["type"] or "")):
+            return str(r["type"])
+    return None
