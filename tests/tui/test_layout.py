@@ -45,7 +45,19 @@ async def loaded(pilot: Pilot[Any], app: MemscopeApp, key: str) -> None:
         await pilot.pause(0.05)
     assert app.loads >= 1, app.last_error
     await pilot.press(key)
-    await pilot.pause(0.2)
+    await settled(pilot, app)
+
+
+async def settled(pilot: Pilot[Any], app: MemscopeApp) -> None:
+    """Until the screen draws the same twice in a row (a loaded machine renders late; a fixed
+    pause made these tests flaky)."""
+    last: list[str] | None = None
+    for _ in range(100):
+        await pilot.pause(0.05)
+        now = screen(app)
+        if now == last:
+            return
+        last = now
 
 
 def table_lines(app: MemscopeApp, table: DataTable[Any]) -> tuple[str, list[str]]:
@@ -143,7 +155,7 @@ async def test_every_view_fits(peft_run: Path, peft_oom_run: Path, size: tuple[i
             await loaded(pilot, app, "1")
             for key in "1234567":
                 await pilot.press(key)
-                await pilot.pause(0.2)
+                await settled(pilot, app)
                 for table in app.screen.query(DataTable):
                     if table.region.width and table.row_count:
                         assert_rows_whole(app, table)
@@ -195,7 +207,7 @@ async def test_every_key_is_in_help(peft_run: Path, attached: bool) -> None:
                 keys += _bindings(widget)
                 owners.add(type(widget).__name__)
         await pilot.press("question_mark")
-        await pilot.pause(0.2)
+        await settled(pilot, app)
         assert isinstance(app.screen, HelpScreen)
         keys += _bindings(app.screen)
         keys += [k for w in app.screen.walk_children(Widget) if _can_have_focus(w) for k in _bindings(w)]
