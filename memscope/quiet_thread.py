@@ -20,9 +20,9 @@ from typing import Any
 
 _swap = threading.Lock()  # two quiet starts at once must not restore each other's None
 _BOOT_WAIT_S = 5.0
-# our threads run shallow Python (a loop, psutil, sqlite3, torch's memory queries): 1 MiB leaves
-# a wide margin over what they use and spares 7 MiB of address space per thread
-STACK_BYTES = 1 << 20
+# our threads run shallow Python (a loop, psutil, sqlite3, torch's and NVML's memory queries):
+# 2 MiB leaves a wide margin (GPU drivers included, untested here) and spares 6 MiB per thread
+STACK_BYTES = 2 << 20
 
 
 class QuietThread(threading.Thread):

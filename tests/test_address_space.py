@@ -3,7 +3,7 @@
 Measured on tiny_gpt (20 steps, OMP_NUM_THREADS=1; benchmarks/address_space.py): plain VmPeak
 697 MB; attached, memscope's threads were 3 with 8 MiB stacks and a 64 MiB malloc arena each
 (+226 MB VmPeak; under a limit it needed ~920 MB where plain needs ~680). Now: 2 threads (the
-watchdog is a chore of the sampler) with 1 MiB stacks, +138 MB VmPeak, ~820 MB needed. The
+watchdog is a chore of the sampler) with 2 MiB stacks, +131 to +138 MiB VmPeak, ~820 MB needed. The
 limit below, plain's VmPeak + 160 MB, passes today and failed before (the run died at import).
 glibc gives each thread that mallocs its own arena, so two threads reserve 128 MiB: the
 issue's 64 MB needs one thread, or an arena cap that would change the user's own malloc.
