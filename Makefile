@@ -46,9 +46,13 @@ test-deps:
 	  else echo "warning:$$missing not installed and no apt-get; the tests that need them will skip"; fi; \
 	fi
 
+# The suite on TEST_JOBS workers (pytest-xdist; auto: one per core). --dist loadfile keeps each
+# test file on one worker, so a module's shared real runs (module-scoped fixtures) are made once.
+# TEST_JOBS=0 runs it in this one process.
+TEST_JOBS ?= auto
 test: $(TSTAMP) test-deps lint
 	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails
 docs: $(STAMP)

@@ -5,6 +5,11 @@ after the call: a training script's tracer would also trace memscope's sampler a
 output would differ under ``memscope attach``). A :class:`QuietThread` starts with neither hook:
 ``threading`` reads them when the new thread boots, so they are held at None from ``start()``
 until the new thread is running, then put back (unless the program changed them meanwhile).
+
+Its stack is small (:data:`STACK_BYTES`, not the 8 MiB of RLIMIT_STACK): under ``ulimit -v`` every
+MiB memscope reserves is one the training cannot have. ``threading.stack_size`` is process-wide,
+so it is set only for the moment of our ``start()`` and put back at once: threads the program
+starts keep its own setting.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from typing import Any
 
 _swap = threading.Lock()  # two quiet starts at once must not restore each other's None
 _BOOT_WAIT_S = 5.0
+# our threads run shallow Python (a loop, psutil, sqlite3, torch's and NVML's memory queries):
+# 2 MiB leaves a wide margin (GPU drivers included, untested here) and spares 6 MiB per thread
+STACK_BYTES = 2 << 20
 
 
 class QuietThread(threading.Thread):
@@ -33,7 +41,15 @@ class QuietThread(threading.Thread):
                 if hasattr(threading, name):
                     setattr(threading, name, None)
             try:
-                super().start()
+                try:
+                    previous = threading.stack_size(STACK_BYTES)
+                except (ValueError, RuntimeError):  # a platform that will not size stacks
+                    previous = None
+                try:
+                    super().start()  # returns once the new thread exists, its stack given
+                finally:
+                    if previous is not None:
+                        threading.stack_size(previous)
                 self._booted.wait(_BOOT_WAIT_S)  # it has read the hooks (as None) once it runs
             finally:
                 for name, value in hooks.items():

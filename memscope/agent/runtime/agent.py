@@ -130,11 +130,12 @@ class Agent:
         self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
         self.running = True
         self._tick()  # a first sample at t0, before any training
-        self._sampler.start()
         supervisor = _env_int(ENV_SUPERVISOR)
         if supervisor is not None and not self.owns_run:
             self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
             self._watch.start()
+            self._sampler.every(self._watch.interval, self._watch.check)  # no thread of its own
+        self._sampler.start()
         self._layers_next(0)
 
     def _supervisor_gone(self, pid: int) -> None:

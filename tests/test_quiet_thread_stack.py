@@ -1,0 +1,75 @@
+"""memscope's threads: small stacks without touching the program's own setting, and the
+supervisor watch riding on the sampler thread instead of a thread of its own (issue #21)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+
+import pytest
+
+from memscope.agent.collectors.sampler import SamplerThread
+from memscope.quiet_thread import STACK_BYTES, QuietThread
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pthread_getattr_np is glibc's")
+
+
+def _own_stack_size() -> int:
+    libc = ctypes.CDLL(None)
+    libc.pthread_self.restype = ctypes.c_ulong
+    attr = ctypes.create_string_buffer(128)  # pthread_attr_t is 56 bytes on x86-64 glibc
+    assert libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0
+    size = ctypes.c_size_t()
+    libc.pthread_attr_getstacksize(attr, ctypes.byref(size))
+    libc.pthread_attr_destroy(attr)
+    return size.value
+
+
+def _stack_of(cls: type[threading.Thread]) -> int:
+    seen: list[int] = []
+    t = cls(target=lambda: seen.append(_own_stack_size()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def test_quiet_threads_get_a_small_stack_and_the_program_keeps_its_setting() -> None:
+    user_setting = 4 << 20
+    previous = threading.stack_size(user_setting)
+    try:
+        assert _stack_of(QuietThread) == STACK_BYTES < user_setting
+        assert threading.stack_size() == user_setting  # put back at once
+        # the program's threads are unchanged (glibc may hand one a larger cached stack, never less)
+        assert _stack_of(threading.Thread) >= user_setting
+    finally:
+        threading.stack_size(previous)
+
+
+def test_a_failing_tick_stops_sampling_but_the_chores_go_on() -> None:
+    errors: list[BaseException] = []
+    ticks = 0
+    looks = 0
+    watched_on = threading.Event()
+
+    def tick() -> None:
+        nonlocal ticks
+        ticks += 1
+        raise OSError("no file descriptor left")
+
+    def look() -> bool:  # the supervisor watch: True while there is more to watch
+        nonlocal looks
+        looks += 1
+        if looks == 3:
+            watched_on.set()
+            return False
+        return True
+
+    sampler = SamplerThread(200.0, tick, errors.append)
+    sampler.every(0.01, look)
+    sampler.start()
+    assert watched_on.wait(30)
+    sampler._thread.join(30)  # no tick and no chore left: the thread ends by itself
+    assert not sampler._thread.is_alive()
+    assert ticks == 1 and len(errors) == 1 and isinstance(errors[0], OSError)
+    assert looks == 3
