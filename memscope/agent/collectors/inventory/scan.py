@@ -168,7 +168,7 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
         live = LiveTensors()
     counter = _Counter(suspects)
     seen: set[int] = set()
-    rows: list[tuple[int, int, Any, Any]] = []  # storage address, bytes, tensor, grad_fn
+    rows: list[tuple[int, int, Any, Any, Any]] = []  # storage address, bytes, tensor, grad_fn, group
     known = _from_optimizers(optimizers)
     tensors = live.tensors()
     inv.full = live.last_full
@@ -205,22 +205,20 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
                 if type(t) is param_type:
                     counter.count("parameters", t, int(s.nbytes()), t.grad_fn)
                     fixed.add(ptr)
-                else:
-                    append((ptr, s.nbytes(), t, t.grad_fn))
+                else:  # its group read once, here: the graph walk's kinds and the count share it
+                    fn = t.grad_fn
+                    append((ptr, s.nbytes(), t, fn,
+                            ("other", t.dtype, t.shape, t.device, t.requires_grad, None) if fn is None else
+                            ("activations", t.dtype, t.shape, t.device, t.requires_grad, type(fn))))
             except Exception:  # sparse, wrapper subclasses, fake tensors: not counted
                 continue
         del s
         tensors.clear()
         charged, graph_keys = _walk_graphs(rows, fixed, seen, inv) if walk_graphs else ({}, set())
         groups, samples = counter.groups, counter.samples
-        for key, nbytes, t, fn in rows:  # counter.count inlined: the second hot loop
+        for key, nbytes, t, _fn, raw in rows:  # counter.count inlined: the second hot loop
             if key in graph_keys and key not in charged:
                 continue  # saved by a live graph: in its root's graph_bytes
-            try:
-                raw = ("other", t.dtype, t.shape, t.device, t.requires_grad, None) if fn is None else \
-                      ("activations", t.dtype, t.shape, t.device, t.requires_grad, type(fn))
-            except Exception:
-                continue
             g = groups.get(raw)
             if g is None:
                 g = counter.new_group(raw)
@@ -287,7 +285,7 @@ def _pick(lst: list[Any]) -> list[Any]:
     return picked
 
 
-def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int], live: set[int],
+def _walk_graphs(rows: list[tuple[int, int, Any, Any, Any]], fixed: set[int], live: set[int],
                  inv: Inventory) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """Saved bytes and nodes per root storage; storages saved by some graph. Outermost roots
     (grad_fns no other live graph reaches) are walked first.
@@ -301,12 +299,12 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any]], fixed: set[int], live: s
     the median). Graphs that save live tensors are all walked: those tensors must be found in
     them, not counted again on their own. ``live``: storages of every live tensor seen (``fixed``
     among them, which the walker never charges)."""
-    roots = [(key, t, fn) for key, _, t, fn in rows if fn is not None]
+    roots = [(key, raw, fn) for key, _, _, fn, raw in rows if fn is not None]
     if not roots:
         return {}, set()
     kinds: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
-    for key, t, fn in roots:
-        kinds.setdefault((type(fn), t.shape, t.dtype), []).append((key, fn))
+    for key, raw, fn in roots:  # a kind: one group (grad_fn type, shape, dtype, device)
+        kinds.setdefault(raw, []).append((key, fn))
     roots.clear()
     walked: list[tuple[int, Any, int]] = []  # key, grad_fn, kind (index into ``rest``, or -1)
     rest: list[tuple[list[tuple[int, Any]], list[int]]] = []  # (not walked, keys walked) per big kind
