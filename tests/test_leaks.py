@@ -159,7 +159,7 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
         # against the same loop run without memscope: its graph walked, glibc's malloc counted
         truth = graph_malloc()
         assert lk["tensors_per_step"] == 0 and lk["graph_nodes_per_step"] == truth["nodes_per_step"]
-        # bytes a node measured on the run (heap growth over node growth in its later half): 8-13%
+        # bytes a node measured on the run (heap growth over node growth in its later half): 8-17%
         # above malloc's count at 40 steps (the agent's own early heap growth; the estimate
         # NODE_BYTES was 12.7% above); within 5% at 1,000 steps (test_leak_lengths)
         assert lk["node_bytes_measured"] is True
