@@ -159,10 +159,10 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
         # against the same loop run without memscope: its graph walked, glibc's malloc counted
         truth = graph_malloc()
         assert lk["tensors_per_step"] == 0 and lk["graph_nodes_per_step"] == truth["nodes_per_step"]
-        # bytes a node measured on the run (heap growth over node growth in its later half): 8-17%
-        # above malloc's count at 40 steps (the agent's own early heap growth; the estimate
-        # NODE_BYTES was 12.7% above); within 5% at 1,000 steps (test_leak_lengths)
-        assert lk["node_bytes_measured"] is True
+        # 40 steps gain too few nodes to measure what one costs (analysis/node_cost.py's
+        # MIN_NODES): the estimate NODE_BYTES, 12.7% above malloc's count; measured, and within
+        # 5%, at 1,000 steps (test_leak_lengths)
+        assert lk["node_bytes_measured"] is False and lk["node_bytes"] == 800
         assert abs(lk["bytes_per_step"] - truth["bytes_per_step"]) <= 0.20 * truth["bytes_per_step"], truth
     else:
         assert lk["tensors_per_step"] == 1.0
@@ -203,7 +203,7 @@ def test_leaks_text_at_defaults(example_run: tuple[dict[str, Any], Path, dict[st
     assert "LEAK" in out.stdout and case["held_by"] in out.stdout and case["fix"] in out.stdout
     assert f"stored at {case['site']}" in out.stdout
     if case["kind"] == "graph":
-        assert "nodes/step" in out.stdout and re.search(r"measured at \d+ bytes a node on this run", out.stdout)
+        assert "nodes/step" in out.stdout and "estimated at 800 bytes a node" in out.stdout
     text = memscope("report", str(db)).stdout
     assert "leak " in text and case["held_by"] in text
 
