@@ -101,6 +101,10 @@ VOLATILE: list[tuple[str, re.Pattern[str]]] = [
     ("RSS", re.compile(r"(?<=^GROWTH host RSS )[-+][\d.]+ [KMGT]?i?B")),
     # a temporary directory's name
     ("TMP", re.compile(r"/tmp/[\w.-]+")),
+    # whether the profiled step is the host RSS peak's step: the RSS peak of a short run lands on
+    # step 1 or 2 depending on the machine's load (the breakdown is the profiled step's either way)
+    ("BREAKDOWN-STEP", re.compile(r"\(measured at (?:profiled )?step \d+, (?:the peak's step|not at the peak's step "
+                                  r"(?:<RSS>|\d+))\)")),
 ]
 
 
