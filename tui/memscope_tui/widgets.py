@@ -82,11 +82,17 @@ def fill_table(table: DataTable[Any], columns: list[tuple[str, str]], rows: list
     if state.get(name) == key:
         return
     cursor = table.cursor_row
-    if state.get(name + ":columns") != tuple(columns):
+    # Each column gets its width now, measured here: DataTable measures new cells only when idle,
+    # and a frame drawn before that stays cached at the old (label's) width, a figure cut to
+    # "364.09 M" for good (Textual 8.2's cell cache has no width in its key).
+    widths = tuple(max([cell_len(label)] + [cell_len(cell_text(cells[i])) for _, cells in rows if i < len(cells)])
+                   for i, (label, _) in enumerate(columns))
+    layout = (tuple(columns), widths)
+    if state.get(name + ":columns") != layout:
         table.clear(columns=True)
-        for label, col_key in columns:
-            table.add_column(label, key=col_key)
-        state[name + ":columns"] = tuple(columns)
+        for (label, col_key), width in zip(columns, widths):
+            table.add_column(label, key=col_key, width=width)
+        state[name + ":columns"] = layout
     else:
         table.clear()
     for row_key, cells in rows:
