@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sqlite3
 import sys
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from memscope import __version__
-from memscope.cli import attach, export, import_snapshot, layers, leaks, oom, report, tui
-from memscope.cli import diff as diff_cmd
-from memscope.cli import merge as merge_cmd
-from memscope.cli import whatif
-from memscope.cli import estimate as estimate_cmd
-from memscope.cli import fit as fit_cmd
 from memscope.cli.errors import CliError
 from memscope.display import guarded_stdout, safe_lines, shown_text
 from memscope.store.schema import RunFileError
@@ -24,21 +19,29 @@ from memscope.store.schema import RunFileError
 # memscope.display's guard
 _RAW_STDOUT = {"export", "tui"}
 
+# command -> its module under memscope.cli, imported only when that command runs (or for
+# --help): `attach` starts the user's training, and every module imported before it is wall time
+# added to the run
 COMMANDS = {
-    "attach": attach,
-    "report": report,
-    "layers": layers,
-    "tui": tui,
-    "leaks": leaks,
-    "oom": oom,
-    "import": import_snapshot,
-    "estimate": estimate_cmd,
-    "fit": fit_cmd,
-    "whatif": whatif,
-    "export": export,
-    "merge": merge_cmd,
-    "diff": diff_cmd,
+    "attach": "attach",
+    "report": "report",
+    "layers": "layers",
+    "tui": "tui",
+    "leaks": "leaks",
+    "oom": "oom",
+    "import": "import_snapshot",
+    "estimate": "estimate",
+    "fit": "fit",
+    "whatif": "whatif",
+    "export": "export",
+    "merge": "merge",
+    "diff": "diff",
 }
+
+
+def command_module(name: str) -> Any:
+    """The module of a command (``register``, ``run``, ``HELP``)."""
+    return importlib.import_module(f"memscope.cli.{COMMANDS[name]}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memscope", description="Memory debugger for PyTorch training.")
     parser.add_argument("--version", action="version", version=f"memscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module in COMMANDS.items():
+    for name in COMMANDS:
+        module = command_module(name)
         module.register(sub.add_parser(name, help=module.HELP, description=module.HELP))
     return parser
 
@@ -64,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args_list and args_list[0] == "attach":
             # attach owns everything after the script name: parse it by hand (see attach.split)
-            return attach.main(args_list[1:])
+            from memscope.cli import attach
+
+            return int(attach.main(args_list[1:]))
         parser = build_parser()
         args, extra = parser.parse_known_args(args_list)
         if extra:  # argparse would name the top-level parser, not the subcommand they were given to
@@ -74,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return 2
         if args.command in _RAW_STDOUT or getattr(args, "json", False) or getattr(args, "html", None) == "-":
-            return int(COMMANDS[args.command].run(args))
+            return int(command_module(args.command).run(args))
         with guarded_stdout():  # names from a run file never drive the terminal (memscope.display)
-            return int(COMMANDS[args.command].run(args))
+            return int(command_module(args.command).run(args))
     except (CliError, RunFileError) as exc:
         print(f"memscope: error: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from memscope.agent.runtime.config import TECHNIQUES, AgentOptions
 from memscope.units import parse_size
-from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.display import safe_lines
-from memscope.report.text import render_headless
-from memscope.store.reader import RunReader
 from memscope.agent.runtime.config import ENV_DB_ID
 from memscope.store import spill
 from memscope.store.runs import (compact, create_run, default_db_path, discard_run, file_id,
@@ -24,6 +21,9 @@ from memscope.runners.isolated import rewrite
 from memscope.runners.supervisor import (BOOTSTRAP_DIR, LaunchError, check_module, child_environment,
                                          record_killed, resolve, run_child, storage_problem)
 from memscope.store.runs import add_event
+
+if TYPE_CHECKING:
+    from memscope.store.reader import RunReader
 
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
@@ -119,6 +119,13 @@ def agent_notices(reader: RunReader) -> list[str]:
     return out
 
 
+def _import_reading_side() -> None:
+    """The modules the end-of-run summary needs, imported while the training starts up (its
+    interpreter and torch import are one core's work) rather than before it or after it."""
+    import memscope.analysis.summary  # noqa: F401
+    import memscope.report.text  # noqa: F401
+
+
 def _file_gone(db: str, created: tuple[int, int] | None) -> str | None:
     """Whether the run file attach created was deleted or replaced while the training ran."""
     now = file_id(db)
@@ -133,6 +140,8 @@ def _explain_empty(db: str, command: list[str]) -> None:
     """No process of the command was recorded: say why in the run file (its recording lines,
     which the summary prints), unless a process already said (a spawned child that trains)."""
     try:
+        from memscope.store.reader import RunReader
+
         with RunReader(db) as reader:
             if reader.processes() or reader.events("agent_missing"):
                 return
@@ -229,7 +238,7 @@ def main(argv: Sequence[str]) -> int:
     recorded = True
     try:
         try:
-            child = run_child(child_command, env)
+            child = run_child(child_command, env, meanwhile=_import_reading_side)
         except LaunchError as exc:
             discard_run(db)  # nothing ran: no run file to leave behind
             raise CliError(f"attach: {exc}") from None
@@ -261,6 +270,10 @@ def main(argv: Sequence[str]) -> int:
         compact(db)  # the dashboard held the file open until now, or the disk was full
 
     try:
+        from memscope.analysis.summary import summarize
+        from memscope.report.text import render_headless
+        from memscope.store.reader import RunReader
+
         with RunReader(db) as reader:
             for line in agent_notices(reader):
                 print(safe_lines(line), file=sys.stderr)

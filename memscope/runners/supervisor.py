@@ -142,12 +142,25 @@ def _dynamic_path(spec: Any) -> bool:
 
 
 WAIT_S = 0.5  # the wait loop's longest sleep (the worker sampler may ask for less)
+FIRST_WAIT_S = 0.05  # the first tick comes soon: `meanwhile` runs while the child starts up
 
 
-def run_child(command: Sequence[str], env: dict[str, str]) -> ChildExit:
+def run_child(command: Sequence[str], env: dict[str, str],
+              meanwhile: Callable[[], None] | None = None) -> ChildExit:
+    """Run ``command`` to its end, forwarding signals. ``meanwhile`` runs once, just after the
+    child started (its failures are ignored: it is only a head start)."""
     # DataLoader workers' memory, sampled from outside while we wait (memscope.runners.workers)
     sampler = WorkerSampler(env[ENV_DB]) if env.get(ENV_DB) else None
-    tick: Callable[[int], float] = sampler.tick if sampler is not None else _no_tick
+    sampled: Callable[[int], float] = sampler.tick if sampler is not None else _no_tick
+    pending = [meanwhile] if meanwhile is not None else []
+
+    def tick(pid: int) -> float:
+        while pending:
+            try:
+                pending.pop()()
+            except Exception:  # noqa: BLE001 - a head start only: the caller imports it again
+                pass
+        return sampled(pid)
     try:
         if hasattr(signal, "sigtimedwait") and hasattr(os, "posix_spawnp"):
             return _run_linux(command, env, tick)
@@ -176,7 +189,7 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int]
         except subprocess.SubprocessError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from None
         pid = child.pid
-        wait = WAIT_S
+        wait = FIRST_WAIT_S
         while True:
             info = signal.sigtimedwait(watched, wait)
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -242,7 +255,7 @@ def _run_portable(command: Sequence[str], env: dict[str, str], tick: Callable[[i
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, forward)}
     try:
-        wait = WAIT_S
+        wait = FIRST_WAIT_S
         while True:
             try:
                 code = child.wait(timeout=wait)

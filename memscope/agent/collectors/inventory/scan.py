@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -367,8 +366,8 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any, Any]], fixed: set[int], li
                     walk(k, f)
                 continue
             got = [charged.get(k, (0, 0)) for k in sample]
-            b = int(statistics.median(g[0] for g in got))
-            n = int(statistics.median(g[1] for g in got))
+            b = int(_median([g[0] for g in got]))
+            n = int(_median([g[1] for g in got]))
             if b or n:
                 for k, _ in others:
                     pb, pn = charged.get(k, (0, 0))
@@ -379,3 +378,11 @@ def _walk_graphs(rows: list[tuple[int, int, Any, Any, Any]], fixed: set[int], li
         walked.clear()
         rest.clear()
         walker.close()
+
+
+def _median(values: list[int]) -> float:
+    """statistics.median, without importing statistics (fractions and decimal come with it: a
+    cost at the agent's start inside the user's import of torch)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
