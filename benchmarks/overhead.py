@@ -40,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = "examples/tiny_gpt.py"
+TINY_SCRIPT = "benchmarks/tiny_steps.py"  # --tiny: 2,000 steps of about 1 ms (issue #20, part 10)
+TINY_CONFIG: dict[str, int] = {"steps": 2000}
 
 # About 12-16 s per plain run on a 2-core CPU machine (torch import included).
 DEFAULT_CONFIG: dict[str, int] = {
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds of all arms (default 3)")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the config's)")
     p.add_argument("--quick", action="store_true", help="small config (~2-3 s per run) for smoke testing")
+    p.add_argument("--tiny", action="store_true",
+                   help=f"the workload is {TINY_SCRIPT}: 2,000 steps of about 1 ms (per-step and fixed costs)")
     p.add_argument("--threads", type=int, default=2, help="OMP/MKL threads for both arms (default 2)")
     p.add_argument("--json", metavar="OUT", type=Path, default=None, help="also write the numbers as JSON")
     p.add_argument("--no-layers-arm", action="store_true",
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
 
-    config = dict(QUICK_CONFIG if args.quick else DEFAULT_CONFIG)
+    config = dict(TINY_CONFIG if args.tiny else QUICK_CONFIG if args.quick else DEFAULT_CONFIG)
+    script = TINY_SCRIPT if args.tiny else SCRIPT
     if args.steps is not None:
         if args.steps < 1:
             p.error("--steps must be at least 1")
@@ -154,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         layers_db = Path(tmp) / "layers.db"
         attach = [sys.executable, "-m", "memscope", "attach", "--headless", "--force"]
         cmds = {
-            "plain": [sys.executable, SCRIPT, *wargs],
-            "memscope": [*attach, "--db", str(db), SCRIPT, *wargs],
+            "plain": [sys.executable, script, *wargs],
+            "memscope": [*attach, "--db", str(db), script, *wargs],
             "layers": [*attach, "--inventory-every", "1", "--layers-every", "1", "--db", str(layers_db),
-                       SCRIPT, *wargs],
+                       script, *wargs],
         }
-        print(f"workload: {SCRIPT} {' '.join(wargs)}")
+        print(f"workload: {script} {' '.join(wargs)}")
         print(f"threads: {args.threads}   repeats: {args.repeats}   python: {sys.executable}")
 
         for arm in arms:
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.json is not None:
         doc = {
-            "workload": [SCRIPT, *wargs],
+            "workload": [script, *wargs],
             "config": config,
             "threads": args.threads,
             "repeats": args.repeats,
