@@ -82,3 +82,35 @@ def test_samples_that_cannot_be_written_are_counted_and_said(tmp_path: Path, par
     assert kind == "recording_degraded"
     assert message.startswith("recording degraded: 3 DataLoader-worker sample(s) not written (OperationalError")
     assert json.loads(data)["lost"] == 3
+
+
+def test_descendants_read_from_proc_children_are_psutils() -> None:
+    """The supervisor lists the training's descendants from /proc/PID/task/TID/children (a few
+    reads, not every process on the machine): the same pids as psutil's recursive walk, on a
+    tree three deep, the child of a thread that is still running included (the kernel lists it
+    under that thread, not the main one)."""
+    import psutil
+
+    hold = "lambda: (subprocess.Popen(['sleep', '30']), time.sleep(30))"
+    tree = subprocess.Popen([sys.executable, "-c",
+                             "import subprocess, threading, sys, time\n"
+                             "subprocess.Popen(['bash', '-c', 'sleep 30 & sleep 30; wait'])\n"
+                             f"t = threading.Thread(target={hold})\n"
+                             "t.start()\n"
+                             "print('ready', flush=True); time.sleep(30)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert tree.stdout is not None and tree.stdout.readline().strip() == "ready"
+        expected = sorted(p.pid for p in psutil.Process(tree.pid).children(recursive=True))
+        for _ in range(50):  # bash starts its second sleep a moment later
+            if len(expected) >= 4:
+                break
+            time.sleep(0.05)
+            expected = sorted(p.pid for p in psutil.Process(tree.pid).children(recursive=True))
+        if not workers._CHILDREN_FILES:
+            pytest.skip("this kernel has no /proc/PID/task/TID/children")
+        assert len(expected) == 4 and sorted(workers._descendants(tree.pid) or []) == expected
+    finally:
+        for p in psutil.Process(tree.pid).children(recursive=True):
+            p.kill()
+        tree.kill()
+        tree.wait()
