@@ -127,16 +127,32 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     n = 0
     # the table as it is, each value made a cell by SQLite (what _cell does, per column, in C);
     # csv writes NULL as an empty cell, and a block of rows at a time (no Python step per row)
-    cells = ", ".join(_sql_cell(c) for c in columns)
+    numeric = _numeric_columns(reader, table, columns)
+    cells = ", ".join(_quoted(c) if c in numeric else _sql_cell(c) for c in columns)
     for batch in reader.batches(f'SELECT {cells} FROM "{table}"', (), BATCH, checked=False):
         w.writerows(batch)
         n += len(batch)
     return n
 
 
+def _numeric_columns(reader: RunReader, table: str, columns: list[str]) -> set[str]:
+    """The columns holding no text and no blob (their maximum is a number, or NULL: text and
+    blobs sort above numbers): :func:`_cell` leaves their values as they are, so the dump reads
+    them as they are, without a CASE per value. One pass over the table."""
+    if not columns:
+        return set()
+    types = reader.conn.execute(
+        f"SELECT {', '.join(f'typeof(max({_quoted(c)}))' for c in columns)} FROM {_quoted(table)}").fetchone()
+    return {c for c, t in zip(columns, types) if t in ("integer", "real", "null")}
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _sql_cell(column: str) -> str:
     """:func:`_cell` as an SQL expression over ``column``."""
-    q = '"' + column.replace('"', '""') + '"'
+    q = _quoted(column)
     starts = ", ".join(f"char({ord(c)})" for c in _FORMULA_START)
     return (f"CASE WHEN typeof({q}) = 'text' AND substr({q}, 1, 1) IN ({starts}) THEN char(39) || {q}"
             f" WHEN typeof({q}) = 'blob' THEN lower(hex({q})) ELSE {q} END")
