@@ -197,3 +197,16 @@ def test_damaged_series_still_named(real_run: Path, tmp_path: Path, sql: str, me
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert message in out.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_text_that_is_not_utf8_is_one_error_line(real_run: Path, tmp_path: Path) -> None:
+    """Flipped bytes in a text value: sqlite3 refuses the row ("Could not decode to UTF-8"), as
+    the row reads always did; one line, no traceback, no half-written file left behind."""
+    db = tmp_path / "run.db"
+    shutil.copy(real_run, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE samples SET phase = CAST(x'ff41' AS TEXT) WHERE rowid = (SELECT max(rowid) FROM samples)")
+    out = memscope("export", str(db), "--csv", str(tmp_path / "timeline.csv"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert "damaged run file" in out.stderr and "phase" in out.stderr
+    assert list(tmp_path.iterdir()) == [db]
