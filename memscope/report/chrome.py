@@ -6,6 +6,11 @@ NVML reading; the steps as complete spans (``ph: "X"``) on a ``steps`` thread; O
 the agent's other events as instant events (``ph: "i"``). Times are microseconds since the run
 started. Events are streamed to the file, so a run with a million samples is never held in memory.
 
+The two long series (host samples and steps: a million rows each in a long run) are checked for
+damage by one aggregate query each (memscope/store/column_checks.py), then read unchecked, their
+times computed in SQL (the same double operations) and formatted a few thousand at a time;
+a damaged file goes through RunReader's row checks as before, which name the damage.
+
     with RunReader("run.db") as reader, open("trace.json", "w") as f:
         n = write_chrome_trace(reader, f)
 """
@@ -13,15 +18,20 @@ started. Events are streamed to the file, so a run with a million samples is nev
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from memscope import __version__
 from memscope.report.format import iso
+from memscope.store.column_checks import columns_clean
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
 
 STEPS_TID = 1  # the thread that carries the step spans and the instant events
 COUNTERS_TID = 0
+EVENT_SEP = ",\n"
+BATCH = 8192  # rows formatted, joined and written at a time
+PEAKS = ("peak_rss", "peak_allocated", "peak_reserved")
+Block = tuple[str, int]  # events as JSON text joined by EVENT_SEP, and how many
 
 
 def process_label(proc: dict[str, Any]) -> str:
@@ -33,9 +43,9 @@ def process_label(proc: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | str]:
+def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | Block]:
     """Every trace event of the run: metadata first, then per process counters, spans, instants.
-    An event is a dict, or its JSON text already (the samples and the steps)."""
+    An event is a dict, or a :data:`Block` of events as JSON text already (samples and steps)."""
     statuses: dict[str, str] = {}
     run = reader.run()
     procs = reader.processes()
@@ -59,12 +69,7 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | str]:
 
     for p in procs:
         pid = int(p["id"])
-        # the two long series as text, as json.dumps would write them (a float's repr, compact):
-        # a million events a second, not a dict and a dumps() each
-        for t, rss in reader.rows(
-                "SELECT t, rss FROM samples WHERE proc = ? ORDER BY t", (pid,)):
-            yield (f'{{"ph":"C","name":"host RSS","pid":{pid},"tid":{COUNTERS_TID},"ts":{us(t)!r},'
-                   f'"args":{{"rss":{int(rss)}}}}}')
+        yield from _sample_blocks(reader, pid, origin, us)
         for t, device, allocated, reserved in reader.rows(
                 "SELECT t, device, allocated, reserved FROM cuda_samples WHERE proc = ?"
                 " ORDER BY device, t", (pid,)):
@@ -77,22 +82,7 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | str]:
                 " ORDER BY device, t", (pid,)):
             yield {"ph": "C", "name": f"cuda:{device} NVML used", "pid": pid, "tid": COUNTERS_TID,
                    "ts": us(t), "args": {"used": int(used)}}
-        for step, start, end, status, *peaks in reader.rows(
-                "SELECT step, start, end, status, peak_rss, peak_allocated, peak_reserved FROM steps"
-                " WHERE proc = ? ORDER BY step", (pid,)):
-            if None in (step, start, end, status):
-                raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
-                                   f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
-            quoted = statuses.get(status) or statuses.setdefault(status, json.dumps(status))
-            rss, allocated, reserved = peaks
-            extra = "" if rss is None else f',"peak_rss":{int(rss)}'
-            if allocated is not None:
-                extra += f',"peak_allocated":{int(allocated)}'
-            if reserved is not None:
-                extra += f',"peak_reserved":{int(reserved)}'
-            yield (f'{{"ph":"X","cat":"step","name":"step {step}","pid":{pid},"tid":{STEPS_TID},'
-                   f'"ts":{us(start)!r},"dur":{round(max(end - start, 0.0) * 1e6, 3)!r},'
-                   f'"args":{{"step":{step},"status":{quoted}{extra}}}}}')
+        yield from _step_blocks(reader, pid, origin, us, statuses)
         for w in reader.step_windows(pid):  # steps a long run folded: one span per window
             wargs: dict[str, Any] = {"first_step": w["first_step"], "last_step": w["last_step"], "steps": w["steps"],
                     "mean_s": w["duration_sum"] / w["steps"], "status": "folded"}
@@ -110,6 +100,53 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | str]:
                "args": {"name": "memscope (run)"}}
     for ev in events:
         yield _instant(ev, us(ev["t"]), known)
+
+
+def _sample_blocks(reader: RunReader, pid: int, origin: float,
+                   us: Callable[[float], float]) -> Iterator[Block]:
+    head = f'{{"ph":"C","name":"host RSS","pid":{pid},"tid":{COUNTERS_TID},"ts":'
+    if not columns_clean(reader, "samples", pid, times=("t",), ints=("rss",)):
+        # a damaged file: the checked rows say what is wrong (each event as the clean path writes it)
+        for t, rss in reader.rows("SELECT t, rss FROM samples WHERE proc = ? ORDER BY t", (pid,)):
+            yield f'{head}{us(t)!r},"args":{{"rss":{int(rss)}}}}}', 1
+        return
+    # (t - origin) * 1e6 in SQL is the same double as in Python; the text is json.dumps' (a
+    # float's repr, compact), without a dict and a dumps() per event
+    for batch in reader.batches("SELECT (t - ?) * 1e6, rss FROM samples WHERE proc = ? ORDER BY t",
+                                (origin, pid), BATCH, checked=False):
+        yield EVENT_SEP.join([f'{head}{round(x, 3)!r},"args":{{"rss":{rss}}}}}'
+                              for x, rss in batch]), len(batch)
+
+
+def _step_blocks(reader: RunReader, pid: int, origin: float, us: Callable[[float], float],
+                 statuses: dict[str, str]) -> Iterator[Block]:
+    head = '{"ph":"X","cat":"step","name":"step '
+    mid = f'","pid":{pid},"tid":{STEPS_TID},"ts":'
+
+    def quoted(status: str) -> str:
+        return statuses.get(status) or statuses.setdefault(status, json.dumps(status))
+
+    if not columns_clean(reader, "steps", pid, times=("start", "end"), ints=("step", *PEAKS),
+                         texts=("status",), nullable=PEAKS):
+        for step, start, end, status, *peaks in reader.rows(
+                f"SELECT step, start, end, status, {', '.join(PEAKS)} FROM steps"
+                " WHERE proc = ? ORDER BY step", (pid,)):
+            if None in (step, start, end, status):
+                raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
+                                   f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
+            extra = "".join(f',"{c}":{int(v)}' for c, v in zip(PEAKS, peaks) if v is not None)
+            yield (f'{head}{step}{mid}{us(start)!r},"dur":{round(max(end - start, 0.0) * 1e6, 3)!r},'
+                   f'"args":{{"step":{step},"status":{quoted(status)}{extra}}}}}'), 1
+        return
+    # SQLite's max() keeps its first argument on a tie, as Python's does; the peaks' text (an
+    # integer's digits) is the same from SQLite as from Python
+    extra = " || ".join(f"coalesce(',\"{c}\":' || {c}, '')" for c in PEAKS)
+    for batch in reader.batches(
+            f"SELECT step, (start - ?) * 1e6, max(end - start, 0.0) * 1e6, status, {extra}"
+            " FROM steps WHERE proc = ? ORDER BY step", (origin, pid), BATCH, checked=False):
+        yield EVENT_SEP.join([f'{head}{step}{mid}{round(x, 3)!r},"dur":{round(d, 3)!r},'
+                              f'"args":{{"step":{step},"status":{quoted(status)}{more}}}}}'
+                              for step, x, d, status, more in batch]), len(batch)
 
 
 def _instant(ev: dict[str, Any], ts: float, known: set[int]) -> dict[str, Any]:
@@ -147,13 +184,22 @@ def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
     n = 0
     chunk: list[str] = []
     for event in chrome_events(reader):
-        chunk.append(event if isinstance(event, str) else json.dumps(event, separators=(",", ":")))
-        if len(chunk) >= 4096:  # one write per few thousand events
-            out.write((",\n" if n else "") + ",\n".join(chunk))
-            n += len(chunk)
+        if isinstance(event, dict):
+            chunk.append(json.dumps(event, separators=(",", ":")))
+            if len(chunk) < 4096:  # one write per few thousand events
+                continue
+            text, count = EVENT_SEP.join(chunk), len(chunk)
             chunk.clear()
+        else:
+            if chunk:
+                out.write((EVENT_SEP if n else "") + EVENT_SEP.join(chunk))
+                n += len(chunk)
+                chunk.clear()
+            text, count = event
+        out.write((EVENT_SEP if n else "") + text)
+        n += count
     if chunk:
-        out.write((",\n" if n else "") + ",\n".join(chunk))
+        out.write((EVENT_SEP if n else "") + EVENT_SEP.join(chunk))
         n += len(chunk)
     out.write("\n]}\n")
     return n

@@ -24,20 +24,23 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import os
 from typing import Any, Callable, Iterator, TextIO
 
 from memscope.errors import UserError
+from memscope.store.column_checks import columns_clean
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
 
 TIMELINE_COLUMNS = ["rank", "proc", "time_s", "unix_time", "step", "phase", "metric", "device",
                     "bytes"]
 SKIP_TABLES = {"migrations"}  # schema bookkeeping, not run data
+BATCH = 8192  # rows fetched, formatted and written at a time
 
 
-def timeline_rows(reader: RunReader) -> Iterator[list[Any]]:
-    """The rows of ``timeline.csv`` (without the header)."""
+def timeline_blocks(reader: RunReader) -> Iterator[tuple[str, int]]:
+    """``timeline.csv`` less its header, as blocks of lines (text, rows)."""
     run = reader.run()
     origin = run["started"] if run and run["started"] is not None else \
         (reader.scalar("SELECT min(t) FROM samples") or 0.0)
@@ -49,28 +52,59 @@ def timeline_rows(reader: RunReader) -> Iterator[list[Any]]:
             return [_blank(rank), proc, f"{t - origin:.6f}", f"{t:.6f}", _blank(step),
                     _cell(phase), metric, device, int(value)]
 
-        for t, step, phase, rss in reader.rows(
-                "SELECT t, step, phase, rss FROM samples WHERE proc = ? ORDER BY t", (proc,)):
-            yield row(t, step, phase, "rss", "host", rss)
+        yield from _sample_lines(reader, proc, origin, _line([_blank(rank), proc])[:-1], row)
+        rows: list[list[Any]] = []
         for metric, column in (("cuda_allocated", "allocated"), ("cuda_reserved", "reserved")):
             for t, device, value in reader.rows(
                     f"SELECT t, device, {column} FROM cuda_samples WHERE proc = ?"
                     f" AND {column} IS NOT NULL ORDER BY device, t", (proc,)):
-                yield row(t, None, None, metric, f"cuda:{device}", value)
+                rows.append(row(t, None, None, metric, f"cuda:{device}", value))
         for t, device, used in reader.rows(
                 "SELECT t, device, used FROM nvml_samples WHERE proc = ? AND used IS NOT NULL"
                 " ORDER BY device, t", (proc,)):
-            yield row(t, None, None, "nvml_used", f"cuda:{device}", used)
+            rows.append(row(t, None, None, "nvml_used", f"cuda:{device}", used))
+        for i in range(0, len(rows), BATCH):
+            yield "".join(_line(r) for r in rows[i:i + BATCH]), len(rows[i:i + BATCH])
+
+
+def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
+                  row: Callable[..., list[Any]]) -> Iterator[tuple[str, int]]:
+    """One process's host samples as CSV lines: checked for damage by one aggregate query, then
+    formatted a block at a time (``t - origin`` in SQL is the same double as in Python; each
+    distinct phase made a cell once, by the csv module itself)."""
+    if not columns_clean(reader, "samples", proc, times=("t",), ints=("step", "rss"),
+                         texts=("phase",), nullable=("step", "phase")):
+        for t, step, phase, rss in reader.rows(
+                "SELECT t, step, phase, rss FROM samples WHERE proc = ? ORDER BY t", (proc,)):
+            yield _line(row(t, step, phase, "rss", "host", rss)), 1
+        return
+    phases: dict[Any, str] = {}
+
+    def cell(phase: Any) -> str:
+        if phase not in phases:
+            phases[phase] = _line([_cell(phase), ""])[:-2]  # csv's own quoting, less ",\n"
+        return phases[phase]
+
+    for batch in reader.batches("SELECT t - ?, t, coalesce(step, ''), phase, rss FROM samples"
+                                " WHERE proc = ? ORDER BY t", (origin, proc), BATCH, checked=False):
+        yield "".join([f"{head},{dt:.6f},{t:.6f},{step},{cell(phase)},rss,host,{rss}\n"
+                       for dt, t, step, phase, rss in batch]), len(batch)
+
+
+def _line(cells: list[Any]) -> str:
+    """One CSV line as csv.writer writes it."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(cells)
+    return buf.getvalue()
 
 
 def write_timeline(reader: RunReader, out: TextIO) -> int:
     """Write ``timeline.csv`` to ``out``; return the number of data rows."""
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(TIMELINE_COLUMNS)
+    csv.writer(out, lineterminator="\n").writerow(TIMELINE_COLUMNS)
     n = 0
-    for r in timeline_rows(reader):
-        w.writerow(r)
-        n += 1
+    for text, count in timeline_blocks(reader):
+        out.write(text)
+        n += count
     return n
 
 
@@ -92,17 +126,33 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     w.writerow(columns)
     n = 0
     # the table as it is, each value made a cell by SQLite (what _cell does, per column, in C);
-    # csv writes NULL as an empty cell
-    cells = ", ".join(_sql_cell(c) for c in columns)
-    for r in reader.rows(f'SELECT {cells} FROM "{table}"', checked=False):
-        w.writerow(r)
-        n += 1
+    # csv writes NULL as an empty cell, and a block of rows at a time (no Python step per row)
+    numeric = _numeric_columns(reader, table, columns)
+    cells = ", ".join(_quoted(c) if c in numeric else _sql_cell(c) for c in columns)
+    for batch in reader.batches(f'SELECT {cells} FROM "{table}"', (), BATCH, checked=False):
+        w.writerows(batch)
+        n += len(batch)
     return n
+
+
+def _numeric_columns(reader: RunReader, table: str, columns: list[str]) -> set[str]:
+    """The columns holding no text and no blob (their maximum is a number, or NULL: text and
+    blobs sort above numbers): :func:`_cell` leaves their values as they are, so the dump reads
+    them as they are, without a CASE per value. One pass over the table."""
+    if not columns:
+        return set()
+    types = reader.conn.execute(
+        f"SELECT {', '.join(f'typeof(max({_quoted(c)}))' for c in columns)} FROM {_quoted(table)}").fetchone()
+    return {c for c, t in zip(columns, types) if t in ("integer", "real", "null")}
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _sql_cell(column: str) -> str:
     """:func:`_cell` as an SQL expression over ``column``."""
-    q = '"' + column.replace('"', '""') + '"'
+    q = _quoted(column)
     starts = ", ".join(f"char({ord(c)})" for c in _FORMULA_START)
     return (f"CASE WHEN typeof({q}) = 'text' AND substr({q}, 1, 1) IN ({starts}) THEN char(39) || {q}"
             f" WHEN typeof({q}) = 'blob' THEN lower(hex({q})) ELSE {q} END")

@@ -82,6 +82,13 @@ class RunReader:
              checked: bool = True) -> Iterator[tuple[Any, ...]]:
         """Checked rows as tuples, fetched in chunks: for long scans (exports). ``checked=False``
         passes values as they are (a raw table dump), text that is not UTF-8 still replaced."""
+        for batch in self.batches(sql, params, chunk, checked):
+            yield from batch
+
+    def batches(self, sql: str, params: tuple[Any, ...] = (), chunk: int = 5000,
+                checked: bool = True) -> Iterator[list[tuple[Any, ...]]]:
+        """:meth:`rows` a list of up to ``chunk`` at a time: a caller that formats a block at once
+        (an export of a million rows) pays no Python step per row here."""
         done = 0
         try:
             cur = self.conn.execute(sql, params)
@@ -93,13 +100,13 @@ class RunReader:
                 if not batch:
                     return
                 check(batch)
-                for row in batch:
-                    yield row
-                    done += 1
+                yield batch
+                done += len(batch)
         except UnicodeDecodeError:
             # flipped bytes in a text value: read the rest again, replacing what is not UTF-8
             _, again = self._fetch(sql, params, checked)
-            yield from again[done:]
+            for i in range(done, len(again), chunk):
+                yield again[i:i + chunk]
         except sqlite3.DatabaseError as exc:
             raise RunFileError(f"{self.path}: damaged run file ({exc})") from None
 
