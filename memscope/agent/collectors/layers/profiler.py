@@ -310,6 +310,8 @@ class LayerProfiler:
         stack = self._thread().stack
         if stack and (not stack[-1][_COUNTED] or stack[-1][_IN_BACKWARD]):
             return
+        if not stack and graph_task_id() >= 0:
+            return  # saved by a recomputation inside backward, outside every module
         st = self._micro.module_stats(stack[-1][_MODULE], stack[-1][_ROOT]) if stack else self._micro.no_module
         st.kernels = st.kernels or {}
         st.kernels[kernel] = st.kernels.get(kernel, 0) + 1
