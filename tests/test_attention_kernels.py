@@ -6,6 +6,7 @@ the advice stops telling a model already on SDPA to switch to it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -130,3 +131,31 @@ def test_every_backward_node_named_exists_in_this_torch() -> None:
     """The kernels are told apart by class name: a name torch renamed would never match."""
     missing = [n for n in SDPA_NODES if not hasattr(torch._C._functions, n)]
     assert not missing, missing
+
+
+@pytest.mark.slow
+def test_a_compiled_model_runs_unchanged_and_no_kernel_is_claimed(tmp_path: Path) -> None:
+    """Under torch.compile (fullgraph: a graph break would raise) the saved tensors come from the
+    compiled graph's own backward node: the run trains as without the profile, no kernel is
+    named, and the hook reads nothing while Dynamo traces."""
+    import torch._dynamo
+
+    def run(db: Path | None) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = Model(True, 0.2)
+        step = torch.compile(model, backend="aot_eager", fullgraph=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with memscope.profile(str(db), layers_every=1, layers_first=0, inventory_every=0) if db else \
+                contextlib.nullcontext():
+            for _ in range(3):
+                loss = step(torch.randn(B, T, D)).pow(2).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+    plain, profiled = run(None), run(tmp_path / "run.db")
+    assert all(torch.equal(a, b) for a, b in zip(plain, profiled, strict=True))
+    assert kernel_events(tmp_path / "run.db") == []
+    with sqlite3.connect(tmp_path / "run.db") as conn:  # the profile did run on those steps
+        assert conn.execute("SELECT count(DISTINCT step) FROM layer_stats").fetchone()[0] == 3
