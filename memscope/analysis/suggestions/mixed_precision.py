@@ -83,9 +83,9 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
             kept_by += f", {hf}'s float32 loss" + (" and its attention (CPU math kernel)" if fp32_attention else "")
         if math_kept and not hf:
             kept_by += (f" and scaled_dot_product_attention's math kernel ({_b(math_kept)} in "
-                        f"{_names(sorted(math))}: on CPU, with attention dropout, it stores the N x N "
-                        "scores and computes 16-bit inputs in float32; no CPU kernel avoids that, "
-                        "CUDA's fused kernels take dropout)")
+                        f"{_names(sorted(math))}: on CPU it stores the N x N scores and computes 16-bit "
+                        "inputs in float32; attention dropout sends SDPA there (the CPU flash kernel takes "
+                        "no dropout, CUDA's fused kernels do))")
         basis = (f"{_b(halvable)} saved for backward by modules autocast runs in 16-bit and by "
                  f"code after the model, {_b(kept)} by {kept_by} (kept fp32)")
         if model_input:
