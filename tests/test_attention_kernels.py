@@ -7,6 +7,7 @@ the advice stops telling a model already on SDPA to switch to it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -19,7 +20,9 @@ import torch.nn.functional as F
 
 import memscope
 from memscope.agent.collectors.layers.kernels import SDPA_NODES
-from memscope.analysis.suggestions import suggest
+from memscope.analysis.summary import summarize
+from memscope.analysis.suggestions import gather, suggest
+from memscope.analysis.suggestions.efficient_attention import efficient_attention
 from memscope.store.reader import RunReader
 
 B, T, D, HEADS = 8, 128, 64, 4
@@ -116,6 +119,22 @@ def test_a_model_already_on_sdpa_is_not_told_to_switch(runs: dict[str, Path]) ->
     assert "math kernel" not in explicit["mixed_precision"].evidence
     # the math kernel's saving is kept fp32: the figure is smaller than explicit attention's
     assert math["mixed_precision"].estimated_saving_bytes < explicit["mixed_precision"].estimated_saving_bytes
+
+
+def test_on_cuda_the_math_kernel_is_a_refused_fused_kernel(runs: dict[str, Path]) -> None:
+    """The rule on the math run's own rows, read as if on CUDA (no GPU here): there a fused
+    kernel takes dropout, so the math kernel means one refused the call. The scores are what a
+    fused kernel would not store: a figure, and the advice to find why it refused; a fused
+    kernel's run gets nothing."""
+    with RunReader(str(runs["math"])) as reader:
+        facts = gather(reader, summarize(reader))
+    assert facts is not None and facts.attention_kernels == {"attn": {"math": 1}}
+    assert efficient_attention(facts) == []  # on CPU: no kernel would store less
+    got = efficient_attention(dataclasses.replace(facts, device="cuda:0"))
+    assert len(got) == 1 and got[0].estimated_saving_bytes > 0, got
+    assert "already call scaled_dot_product_attention" in got[0].how and "sdpa_kernel(" in got[0].how
+    fused = dataclasses.replace(facts, device="cuda:0", attention_kernels={"attn": {"efficient": 1}})
+    assert efficient_attention(fused) == []
 
 
 def test_recording_the_kernel_changes_nothing_in_the_training(tmp_path: Path) -> None:
