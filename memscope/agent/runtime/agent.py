@@ -215,6 +215,12 @@ class Agent:
                     "forward_s": r.forward_s, "backward_s": r.backward_s,
                     "alloc_delta": r.alloc_delta, "alloc_peak": r.alloc_peak,
                     "micro_batches": self._layers.micro_batches})
+            kernels = {r.name: r.kernels for r in rows if r.kernels}
+            if kernels:  # which scaled_dot_product_attention kernel each module ran
+                used = sorted({k for ks in kernels.values() for k in ks})
+                self.event("attention_kernels", f"step {step}: scaled_dot_product_attention ran its "
+                           f"{', '.join(used)} kernel in {len(kernels)} module(s)",
+                           {"step": step, "modules": kernels})
             closure, micro = self._layers.closure_forwards, self._layers.micro_batches
             if closure >= 2:  # one is a wrapper's (Lightning runs training_step in a closure)
                 self.event("closure", f"step {step}: {closure} of its {micro} forwards ran inside "

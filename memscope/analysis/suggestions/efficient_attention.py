@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from memscope.analysis.suggestions.facts import MIN_SHARE, Facts, Suggestion, _b, transformers_model
+from memscope.analysis.suggestions.facts import MIN_SHARE, Facts, Suggestion, _b, sdpa_kernels, transformers_model
 
 _ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
 _DROPOUT = re.compile(r"Dropout")
@@ -24,10 +24,17 @@ def efficient_attention(f: Facts) -> list[Suggestion]:
     model on CPU is left out too: its attention is scaled_dot_product_attention already
     (``attn_implementation="sdpa"``, the default), and the scores it stores are the math
     kernel's (attention dropout, or masks the flash kernel refuses): the advice would change
-    nothing (no whatif trial can measure this; the HF Trainer's GPT-2 was the case)."""
+    nothing (no whatif trial can measure this; the HF Trainer's GPT-2 was the case).
+
+    A module the agent saw call scaled_dot_product_attention (its ``attention_kernels`` event:
+    the backward node of what the kernel saved) is already on SDPA. With a fused kernel it
+    stores no scores: nothing to suggest. With the math kernel on CPU (attention dropout, as
+    nanoGPT's: measured 0 B saved by the switch) no CPU kernel would do better: not suggested.
+    With the math kernel on CUDA a fused kernel refused the call: the scores are what it would
+    not store, and the advice is to find why it refused."""
     cpu = not f.device.startswith("cuda")
-    if cpu and transformers_model(f.layers):
-        return []
+    if cpu and transformers_model(f.layers) and not f.attention_kernels:
+        return []  # a file without the kernel event: a transformers model is on SDPA already
     hits: list[tuple[str, str, int, int, int]] = []
     dropped: list[str] = []
     for r in sorted(f.layers, key=lambda r: r["module"] or ""):
@@ -41,6 +48,10 @@ def efficient_attention(f: Facts) -> list[Suggestion]:
         out = int(r["output_bytes"] or 0)
         excess = saved - 5 * out
         if out and excess > out:
+            kernels = sdpa_kernels(f, name)
+            if kernels and (cpu or not kernels & {"math"}) and not _torch_layer_attention(f, name, kind):
+                dropped.append(name)  # on SDPA already: fused, or its math kernel on CPU
+                continue
             if cpu and _score_dropout(f, name):
                 dropped.append(name)
                 continue
@@ -91,6 +102,14 @@ def _scores_at_failure(f: Facts) -> list[Suggestion]:
 _TORCH_TRANSFORMER_LAYERS = ("TransformerEncoderLayer", "TransformerDecoderLayer")
 
 
+def _torch_layer_attention(f: Facts, name: str, kind: str) -> bool:
+    """The nn.MultiheadAttention of torch's own Transformer layers: on SDPA already, with advice
+    of its own (their dropout argument; see :func:`_attention_how`)."""
+    parent = name.rsplit(".", 1)[0] if "." in name else ""
+    types = {str(r["module"] or ""): str(r["type"] or "") for r in f.layers}
+    return kind == "MultiheadAttention" and types.get(parent, "") in _TORCH_TRANSFORMER_LAYERS
+
+
 def _attention_how(f: Facts, names: list[str], kinds: set[str]) -> str:
     """torch's own Transformer layers already call nn.MultiheadAttention with need_weights=False:
     their scores are stored because scaled_dot_product_attention fell back to its math kernel.
@@ -108,6 +127,11 @@ def _attention_how(f: Facts, names: list[str], kinds: set[str]) -> str:
         return (f"torch's {' / '.join(sorted(parents))} already calls nn.MultiheadAttention with "
                 "need_weights=False, so scaled_dot_product_attention fell back to its math "
                 f"kernel, which stores the scores: {kernel}")
+    if names and all("math" in sdpa_kernels(f, n) for n in names):  # CUDA: a fused kernel refused it
+        return (f"{', '.join(names[:4])} already call scaled_dot_product_attention, and it ran its "
+                "math kernel, which stores the scores: find which fused kernel refuses the call "
+                "with `with torch.nn.attention.sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):` around "
+                "the forward (the error says why: a mask, a dtype, a head size)")
     how = ("replace the explicit `softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v` (and its mask) "
            "with `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)` "
            "(or attn_mask=...): flash / memory-efficient kernels never store the N x N scores; "

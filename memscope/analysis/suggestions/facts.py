@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.analysis.hotspots import layer_rows
@@ -62,6 +62,9 @@ class Facts:
     micro_batches: int | None = None  # forwards per optimizer step in the profiled step (accumulation)
     closure_forwards: int = 0  # of those, evaluations of an optimizer's closure (LBFGS)
     attention_scores: int = 0  # N x N attention scores live at the OOM (its census), bytes
+    # module -> {kernel: calls}: the scaled_dot_product_attention kernels (math, flash, efficient,
+    # cudnn) its own forward ran in the profiled step (the agent's ``attention_kernels`` event)
+    attention_kernels: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def layer_source(self) -> str:
@@ -145,7 +148,28 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
-                 attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0)
+                 attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
+                 attention_kernels=_attention_kernels(reader, proc, s.hotspot_step))
+
+
+def _attention_kernels(reader: RunReader, proc: int, step: int | None) -> dict[str, dict[str, int]]:
+    """The SDPA kernels each module ran in the profiled step the layer rows come from (files
+    from before the event, or runs without SDPA: empty)."""
+    out: dict[str, dict[str, int]] = {}
+    for e in reader.events("attention_kernels"):
+        d = e["data"]
+        if e["proc"] not in (None, proc) or not isinstance(d, dict) or d.get("step") != step:
+            continue
+        for module, kernels in (d.get("modules") or {}).items():
+            if isinstance(kernels, dict):
+                out[str(module)] = {str(k): int(n) for k, n in kernels.items() if isinstance(n, int)}
+    return out
+
+
+def sdpa_kernels(f: Facts, name: str) -> set[str]:
+    """The SDPA kernels module ``name`` and the modules under it ran ('' is the whole model)."""
+    return {k for m, ks in f.attention_kernels.items()
+            if not name or m == name or m.startswith(name + ".") for k in ks}
 
 
 def _allocator_facts(reader: RunReader, s: RunSummary) -> tuple[dict[str, Any] | None, bool]:

@@ -49,8 +49,10 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
     (``logits.float()`` before the cross entropy): its own saved bytes (the log-probabilities)
     stay fp32, and the logits working set does not shrink (a 16-bit copy beside the fp32 one).
     On CPU its attention (scaled_dot_product_attention, transformers' default) runs the math
-    kernel, which computes 16-bit inputs in float32: what it saves stays fp32 too. Measured
-    with ``memscope whatif`` on the scripts of benchmarks/advice_accuracy.py."""
+    kernel, which computes 16-bit inputs in float32: what it saves stays fp32 too. So does what
+    any module saves whose own forward the agent saw run that math kernel (the
+    ``attention_kernels`` event: nanoGPT's attention, dropout 0.2 on CPU). Measured with
+    ``memscope whatif`` on the scripts of benchmarks/advice_accuracy.py."""
     pbytes = sum(g["bytes"] for g in f.param_groups)
     fp32_params = sum(g["bytes"] for g in f.param_groups if g["dtype"] in ("float32", "float64"))
     if pbytes and fp32_params < 0.5 * pbytes:
@@ -62,10 +64,16 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         return []  # activations seen at step boundaries are 16-bit: autocast is on
     model_input = fanout = 0
     hf = transformers_model(f.layers)
-    fp32_attention = bool(hf) and not f.device.startswith("cuda")
+    cpu = not f.device.startswith("cuda")
+    fp32_attention = bool(hf) and cpu
+    # modules whose own forward ran SDPA's math kernel on CPU: it computes 16-bit inputs in
+    # float32 and saves fp32 scores, dropout mask and q / k / v copies (nanoGPT's attention)
+    math = {m for m, ks in f.attention_kernels.items() if "math" in ks} if cpu else set()
     if f.layers:
         total = sum(int(r["saved_bytes"] or 0) for r in f.layers)
-        kept = sum(int(r["saved_bytes"] or 0) for r in f.layers if not _halves(r, fp32_attention))
+        kept = sum(int(r["saved_bytes"] or 0) for r in f.layers
+                   if not _halves(r, fp32_attention) or str(r["module"] or "") in math)
+        math_kept = sum(int(r["saved_bytes"] or 0) for r in f.layers if str(r["module"] or "") in math)
         model_input = _input_saved_by_16bit_layer(f.layers)
         fanout = _fanout_copies(f.layers)
         # saved bytes summed over the step can exceed the most alive at once (the breakdown's)
@@ -73,6 +81,11 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         kept_by = "layer/group norms and embeddings"
         if hf:
             kept_by += f", {hf}'s float32 loss" + (" and its attention (CPU math kernel)" if fp32_attention else "")
+        if math_kept and not hf:
+            kept_by += (f" and scaled_dot_product_attention's math kernel ({_b(math_kept)} in "
+                        f"{_names(sorted(math))}: on CPU it stores the N x N scores and computes 16-bit "
+                        "inputs in float32; attention dropout sends SDPA there (the CPU flash kernel takes "
+                        "no dropout, CUDA's fused kernels do))")
         basis = (f"{_b(halvable)} saved for backward by modules autocast runs in 16-bit and by "
                  f"code after the model, {_b(kept)} by {kept_by} (kept fp32)")
         if model_input:
@@ -115,6 +128,10 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         "GradScaler. With fp16 instead (GPUs without bf16), add `scaler = torch.amp.GradScaler()`: "
         "`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`. "
         "Weights, gradients and optimizer state stay fp32.")]
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _halves(row: dict[str, Any], fp32_attention: bool = False) -> bool:

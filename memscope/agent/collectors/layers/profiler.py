@@ -66,7 +66,7 @@ class LayerProfiler:
         self._cuda = False  # read the allocator around each counted call
         self._micro = MicroBatches(in_optimizer or (lambda: False))
         self._names = ModelNames()
-        self._saved = SavedTensors(self._is_active, self._charge, self._micro.backward_seen)
+        self._saved = SavedTensors(self._is_active, self._charge, self._micro.backward_seen, self._kernel)
         self._backward = BackwardTimer(self._is_active, self._micro.backward_seen)
         self._hooks = ModuleHooks(self._pre, self._post, self._names.models, self._is_active)
 
@@ -302,6 +302,19 @@ class LayerProfiler:
         st.saved_tensors += 1
         if len(local.recent) < _MAX_RECENT:
             local.recent.append((key, st, nbytes))
+
+
+    def _kernel(self, kernel: str) -> None:
+        """A tensor saved by a scaled_dot_product_attention kernel: the module whose forward is
+        running called it (a recomputation inside backward is not a forward's call)."""
+        stack = self._thread().stack
+        if stack and (not stack[-1][_COUNTED] or stack[-1][_IN_BACKWARD]):
+            return
+        if not stack and graph_task_id() >= 0:
+            return  # saved by a recomputation inside backward, outside every module
+        st = self._micro.module_stats(stack[-1][_MODULE], stack[-1][_ROOT]) if stack else self._micro.no_module
+        st.kernels = st.kernels or {}
+        st.kernels[kernel] = st.kernels.get(kernel, 0) + 1
 
 
 def _cuda_call(st: ModuleStats, before: int, peak_before: int) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from memscope.agent.collectors.layers.kernels import sdpa_kernel
 from memscope.agent.collectors.layers.tensors import storage_key
 from memscope.agent.torchcompat.compiled import runtime_only
 from memscope.agent.torchcompat.unseen import unseen
@@ -31,13 +32,15 @@ class SavedTensors:
     """The pack / unpack pair and the live saved storages. ``active`` says whether the step is
     still profiled; ``charge(key, nbytes)`` attributes a newly saved storage (raising there
     returns the tensor itself, uncounted: as any failure inside the hook); ``on_unpack`` hears
-    that a backward uses what was saved."""
+    that a backward uses what was saved; ``on_kernel(name)`` that the tensor came from an
+    attention kernel of scaled_dot_product_attention (:mod:`.kernels`)."""
 
     def __init__(self, active: Callable[[], bool], charge: Callable[[StorageKey, int], None],
-                 on_unpack: Callable[[], None]) -> None:
+                 on_unpack: Callable[[], None], on_kernel: Callable[[str], None] | None = None) -> None:
         self._active = active
         self._charge = charge
         self._on_unpack = on_unpack
+        self._on_kernel = on_kernel
         self._ctx: Any = None
         self._thread: int | None = None
         self._lock = threading.Lock()
@@ -126,6 +129,10 @@ class SavedTensors:
             key = storage_key(t)
             if key[1] == 0 or key in self._not_activations:
                 return t
+            if self._on_kernel is not None:
+                kernel = sdpa_kernel(t)
+                if kernel is not None:
+                    self._on_kernel(kernel)
             cb = self._released(key)
             # Autograd keeps what the pack hook returns. Returning ``t`` itself would make an
             # output saved by its own grad_fn (relu, exp, ...) hold its graph through its

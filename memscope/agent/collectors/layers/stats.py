@@ -19,6 +19,8 @@ class ModuleStats:
     backward_s: float | None = None  # None: no backward of a counted call ran in the step
     alloc_delta: int | None = None  # CUDA only
     alloc_peak: int | None = None  # CUDA only
+    # scaled_dot_product_attention kernels its own forward ran -> calls (math, flash, efficient, ...)
+    kernels: dict[str, int] | None = None
 
 
 def merge_rows(rows: list[ModuleStats]) -> list[ModuleStats]:
@@ -36,6 +38,9 @@ def merge_rows(rows: list[ModuleStats]) -> list[ModuleStats]:
             m.forward_s += st.forward_s
             if st.backward_s is not None:
                 m.backward_s = (m.backward_s or 0.0) + st.backward_s
+            for k, n in (st.kernels or {}).items():
+                m.kernels = m.kernels or {}
+                m.kernels[k] = m.kernels.get(k, 0) + n
             if st.alloc_delta is not None:
                 m.alloc_delta = (m.alloc_delta or 0) + st.alloc_delta
                 m.alloc_peak = max(m.alloc_peak or 0, st.alloc_peak or 0)
