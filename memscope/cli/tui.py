@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import BinaryIO
 
+from memscope.analysis.run_head import RunHead
 from memscope.cli.errors import CliError
 from memscope.store.reader import RunReader
 
@@ -39,13 +40,14 @@ def run(args: argparse.Namespace) -> int:
         data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
     except ImportError:
         raise CliError(_INSTALL) from None
+    head = RunHead()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="memscope-read") as pool:
-        first = pool.submit(data.load_snapshot, args.db)
+        first = pool.submit(data.load_head, args.db, head)  # the overview's data, drawn first
         try:
             app_module = importlib.import_module("memscope_tui.app")  # textual loads meanwhile
         except ImportError:
             raise CliError(_INSTALL) from None
-        return int(app_module.run_app(args.db, attached=bool(args.attached), first=first))
+        return int(app_module.run_app(args.db, attached=bool(args.attached), first=first, head=head))
 
 
 def dashboard_installed() -> bool:

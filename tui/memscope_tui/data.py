@@ -1,7 +1,11 @@
 """Reading a run file for the dashboard: memscope.store + memscope.analysis calls only.
 
 :func:`load_snapshot` runs on a worker thread; it returns a frozen :class:`Snapshot` of plain
-dataclasses that the views only format. What the user picked (profiled step, fold depth, the
+dataclasses that the views only format. It reads everything (seconds at a million steps), so the
+app first draws :func:`load_head`'s partial snapshot (the run, its peak, a downsampled timeline,
+the last steps: one SQL pass at the first read, then only rows appended since, through a
+:class:`~memscope.analysis.run_head.RunHead`) and lays each later head over the last full
+snapshot (:func:`with_head`) while the run is live. What the user picked (profiled step, fold depth, the
 two inventories to compare, the breakdown step) travels in a :class:`Selection`.
 """
 
@@ -25,6 +29,7 @@ from memscope.analysis.leaks import GroupDiff, diff, inventory_steps
 from memscope.analysis.oom import advice
 from memscope.analysis.ranks import RankSummary
 from memscope.analysis.ranks import imbalance as rank_imbalance
+from memscope.analysis.run_head import RunHead
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import Series, StepRow, Timeline, memory_timeline, recent_steps
@@ -83,6 +88,47 @@ class Snapshot:
     ranks: list[RankSummary]                         # one per process (from the summary)
     imbalance: float | None
     read_s: float                                    # how long the read took
+    partial: bool = False                            # only the head: the analyses are still loading
+    rows_read: int = 0                               # a head read: sample and step rows it covered
+    inputs: tuple[Any, ...] = ()                     # a head read: what the analyses read (changed: re-read)
+
+# tables the slow analyses (leaks, layers, breakdown, suggestions, OOM) read beyond the head's
+_INPUTS = ("events", "layer_stats", "step_breakdown", "inventories", "leak_holders")
+
+
+def load_head(db: str, head: RunHead) -> Snapshot:
+    """The overview's data only (``partial``): run facts, the peak, the timeline, the last steps.
+    ``head`` remembers what it read: the next call reads only rows appended since."""
+    began = time.perf_counter()
+    with RunReader(db) as reader:
+        h = head.read(reader)
+        have = {r["name"] for r in reader.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        inputs = tuple(reader.scalar(f"SELECT max(rowid) FROM {t}") if t in have else None for t in _INPUTS)
+    s = h.summary
+    return Snapshot(
+        summary=s, timeline=h.timeline, extra_series=[], steps=h.steps, position=h.position,
+        layer_steps=[], layer_step=None, depth=None, max_depth=0, layers=[], layer_micro_batches=None,
+        layer_closure_forwards=0, inventory_steps=[], diff_from=None, diff_to=None, diff=[],
+        breakdown_steps=[], breakdown=None, fragmentation=None, oom_advice=[], suggestions=Part(),
+        ranks=[], imbalance=None, read_s=time.perf_counter() - began, partial=True,
+        rows_read=h.rows_read, inputs=(s.status, *inputs))
+
+
+# RunSummary fields a head read has fresh; the rest (leaks, hotspots, ranks...) come from the full read
+_HEAD_FIELDS = ("command", "status", "exit_code", "signal", "device", "torch", "steps", "samples",
+                "dropped", "started", "ended", "step_mode", "processes", "main_proc", "oom")
+
+
+def with_head(full: Snapshot, head: Snapshot) -> Snapshot:
+    """The last full snapshot with a newer head's overview laid over it (a live refresh)."""
+    s = full.summary
+    peak = head.summary.peak
+    if (peak.bytes, peak.step, peak.proc) == (s.peak.bytes, s.peak.step, s.peak.proc):
+        peak = s.peak  # unchanged: keep its breakdown and whole-run reading
+    summary = replace(s, peak=peak, **{k: getattr(head.summary, k) for k in _HEAD_FIELDS})
+    return replace(full, summary=summary, timeline=head.timeline, steps=head.steps,
+                   position=head.position, read_s=head.read_s, rows_read=head.rows_read,
+                   oom_advice=advice(summary.oom) if summary.oom is not None else [])
 
 
 def load_snapshot(db: str, sel: Selection = Selection(), buckets: int = BUCKETS,
