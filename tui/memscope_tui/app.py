@@ -47,7 +47,7 @@ __all__ = ["HelpScreen", "MemscopeApp", "StepRuler", "run_app"]
 
 POLL_S = 0.5        # refresh period while the run is still being written (twice a second)
 FULL_MIN_S = 2.0     # while live, full reads (the slow analyses) at most this often...
-FULL_GAP = 5.0       # ...and at most every this many times their own duration...
+FULL_GAP = 10.0      # ...and at most every this many times their own duration...
 FULL_EVERY_S = 30.0  # ...and at least this often even when their inputs did not change
 
 # tab id -> view class, in key order 1..7
@@ -254,8 +254,10 @@ class MemscopeApp(App[int]):
 
     def _full_due(self, head: Snapshot) -> bool:
         full = self.full
+        if self._full_busy:
+            return False
         if full is None:
-            return True  # the first, or one that failed: (again) now
+            return True  # the first failed: again
         if head.summary.status != full.summary.status:
             return True  # the run ended (or was found abandoned): its final numbers now
         since = time.monotonic() - self._full_at

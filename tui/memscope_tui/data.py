@@ -90,6 +90,7 @@ class Snapshot:
     read_s: float                                    # how long the read took
     partial: bool = False                            # only the head: the analyses are still loading
     rows_read: int = 0                               # a head read: sample and step rows it covered
+    cpu_s: float = 0.0                               # a head read: CPU seconds of its thread
     inputs: tuple[Any, ...] = ()                     # a head read: what the analyses read (changed: re-read)
 
 # tables the slow analyses (leaks, layers, breakdown, suggestions, OOM) read beyond the head's
@@ -99,7 +100,7 @@ _INPUTS = ("events", "layer_stats", "step_breakdown", "inventories", "leak_holde
 def load_head(db: str, head: RunHead) -> Snapshot:
     """The overview's data only (``partial``): run facts, the peak, the timeline, the last steps.
     ``head`` remembers what it read: the next call reads only rows appended since."""
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.thread_time()
     with RunReader(db) as reader:
         h = head.read(reader)
         have = {r["name"] for r in reader.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -111,7 +112,7 @@ def load_head(db: str, head: RunHead) -> Snapshot:
         layer_closure_forwards=0, inventory_steps=[], diff_from=None, diff_to=None, diff=[],
         breakdown_steps=[], breakdown=None, fragmentation=None, oom_advice=[], suggestions=Part(),
         ranks=[], imbalance=None, read_s=time.perf_counter() - began, partial=True,
-        rows_read=h.rows_read, inputs=(s.status, *inputs))
+        rows_read=h.rows_read, inputs=(s.status, *inputs), cpu_s=time.thread_time() - cpu)
 
 
 # RunSummary fields a head read has fresh; the rest (leaks, hotspots, ranks...) come from the full read
@@ -127,7 +128,7 @@ def with_head(full: Snapshot, head: Snapshot) -> Snapshot:
         peak = s.peak  # unchanged: keep its breakdown and whole-run reading
     summary = replace(s, peak=peak, **{k: getattr(head.summary, k) for k in _HEAD_FIELDS})
     return replace(full, summary=summary, timeline=head.timeline, steps=head.steps,
-                   position=head.position, read_s=head.read_s, rows_read=head.rows_read,
+                   position=head.position, read_s=head.read_s, rows_read=head.rows_read, cpu_s=head.cpu_s,
                    oom_advice=advice(summary.oom) if summary.oom is not None else [])
 
 
