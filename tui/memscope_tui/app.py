@@ -254,12 +254,15 @@ class MemscopeApp(App[int]):
 
     def _full_due(self, head: Snapshot) -> bool:
         full = self.full
+        if full is not None and head.summary.status != full.summary.status:
+            # the run ended (or was found abandoned): its final numbers now, or right after the
+            # read under way (it may have started before the end)
+            self._full_again = self._full_busy
+            return not self._full_busy
         if self._full_busy:
             return False
         if full is None:
             return True  # the first failed: again
-        if head.summary.status != full.summary.status:
-            return True  # the run ended (or was found abandoned): its final numbers now
         since = time.monotonic() - self._full_at
         if since < max(FULL_MIN_S, FULL_GAP * full.read_s):
             return False

@@ -32,7 +32,8 @@ from memscope.analysis.ranks import imbalance as rank_imbalance
 from memscope.analysis.run_head import RunHead
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
-from memscope.analysis.timeline import Series, StepRow, Timeline, memory_timeline, recent_steps
+from memscope.analysis.timeline import (Series, StepMark, StepRow, Timeline, memory_timeline,
+                                       recent_steps)
 from memscope.analysis.views import (Fragmentation, StepBreakdown, breakdown_for, breakdown_steps,
                                      extra_series, fragmentation, position)
 from memscope.store.reader import RunReader
@@ -127,7 +128,15 @@ def with_head(full: Snapshot, head: Snapshot) -> Snapshot:
     if (peak.bytes, peak.step, peak.proc) == (s.peak.bytes, s.peak.step, s.peak.proc):
         peak = s.peak  # unchanged: keep its breakdown and whole-run reading
     summary = replace(s, peak=peak, **{k: getattr(head.summary, k) for k in _HEAD_FIELDS})
-    return replace(full, summary=summary, timeline=head.timeline, steps=head.steps,
+    # the ruler's step marks: the full read's, then the head's last steps that ended since
+    marks = list(full.timeline.steps)
+    origin = head.timeline.origin
+    if origin is not None:
+        after = marks[-1].step if marks else -1
+        marks += [StepMark(r.step, r.start - origin, r.end - origin, r.status)
+                  for r in reversed(head.steps) if r.step > after]
+    timeline = replace(head.timeline, steps=marks)
+    return replace(full, summary=summary, timeline=timeline, steps=head.steps,
                    position=head.position, read_s=head.read_s, rows_read=head.rows_read, cpu_s=head.cpu_s,
                    oom_advice=advice(summary.oom) if summary.oom is not None else [])
 
