@@ -80,9 +80,14 @@ class RunHead:
         self._seen: dict[str, int] = {}   # series key -> highest rowid sketched
         self._hi: float | None = None     # the main process's last sample time
         self._rss_rows = 0                # its host samples sketched
+        self._all_seen = self._all_count = 0  # every process's samples: highest rowid, count
         self._cuda = False
 
     def read(self, reader: RunReader) -> Head:
+        with reader.consistent():  # the counts, maxima and rows of one state of a live file
+            return self._read(reader)
+
+    def _read(self, reader: RunReader) -> Head:
         rows_read = 0
         run = reader.run() or {"command": [], "status": "unknown", "exit_code": None,
                                "signal": None, "started": None, "ended": None}
@@ -110,12 +115,28 @@ class RunHead:
             exit_code=run["exit_code"], signal=run["signal"], device=_device(procs),
             torch=main["torch"] if main else None,
             steps=(tally.ok if tally else 0) + (self._folded.get(main_id, 0) if main_id is not None else 0),
-            samples=reader.sample_count(), dropped=sum(p["dropped"] or 0 for p in procs),
+            samples=self._count_samples(reader), dropped=sum(p["dropped"] or 0 for p in procs),
             started=run["started"], ended=run["ended"],
             step_mode=main["step_mode"] if main else None, median_step_s=None,
             processes=procs, peak=peak, main_proc=main_id, oom=oom)
         steps = recent_steps(reader, self.table_steps, proc=main_id) if main_id is not None else []
         return Head(summary, self._timeline(run, main_id), steps, position(reader, main_id), rows_read)
+
+    def _count_samples(self, reader: RunReader) -> int:
+        """Every process's samples (RunReader.sample_count), counting only rows past the last
+        read: count(*) reads the whole table. Samples are never deleted; fewer rows than seen
+        means another file: count again."""
+        top = int(reader.scalar("SELECT max(rowid) FROM samples") or 0)
+        if top < self._all_seen:
+            self._all_seen, self._all_count = 0, 0
+        if top > self._all_seen:
+            if self._all_seen == 0:
+                self._all_count = reader.sample_count()
+            else:
+                self._all_count += int(reader.scalar("SELECT count(*) FROM samples WHERE rowid > ? AND rowid <= ?",
+                                                     (self._all_seen, top)) or 0)
+            self._all_seen = top
+        return self._all_count
 
     # -- steps: counts and the peak ----------------------------------------------------------
 

@@ -19,7 +19,6 @@ import sys
 import threading
 from typing import BinaryIO
 
-from memscope.analysis.run_head import RunHead
 from memscope.cli.errors import CliError
 from memscope.store.reader import RunReader
 
@@ -40,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
         data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
     except ImportError:
         raise CliError(_INSTALL) from None
-    head = RunHead()
+    head = data.HeadSource(args.db)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="memscope-read") as pool:
-        first = pool.submit(data.load_head, args.db, head)  # the overview's data, drawn first
+        first = pool.submit(head.read)  # the overview's data, drawn first
         try:
             app_module = importlib.import_module("memscope_tui.app")  # textual loads meanwhile
         except ImportError:

@@ -31,8 +31,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
 from memscope.display import shown, shown_text
-from memscope.analysis.run_head import RunHead
-from memscope_tui.data import Selection, Snapshot, load_head, load_snapshot, with_head
+from memscope_tui.data import HeadSource, Selection, Snapshot, load_snapshot, with_head
 from memscope_tui.views import View
 from memscope_tui.views.breakdown import BreakdownView
 from memscope_tui.views.layers import LayersView
@@ -142,14 +141,14 @@ class MemscopeApp(App[int]):
 
     def __init__(self, db: str, poll_s: float = POLL_S, attached: bool = False,
                  now: Callable[[], float] = time.time,
-                 first: Future[Snapshot] | None = None, head: RunHead | None = None) -> None:
+                 first: Future[Snapshot] | None = None, head: HeadSource | None = None) -> None:
         """``attached``: opened by ``memscope attach`` in the foreground: q leaves the training
         running, ctrl+c interrupts it. ``now`` is the clock for "running for N s" (tests freeze it).
         ``first``: the first head snapshot, already being read by ``head`` (started before textual
         was imported)."""
         super().__init__()
         self._first = first
-        self._head = head if head is not None and first is not None else RunHead()
+        self._head = head if head is not None and first is not None else HeadSource(db)
         self.db = db
         self.poll_s = poll_s
         self.attached = attached
@@ -183,6 +182,10 @@ class MemscopeApp(App[int]):
                     id="filter")
         yield Static("", id="state", classes="line")
         yield Footer()
+
+    def on_unmount(self) -> None:
+        if not self._head_busy:  # a read under way closes nothing under it; the process ends anyway
+            self._head.close()
 
     def on_mount(self) -> None:
         self.sub_title = shown_text(self.db)
@@ -227,7 +230,7 @@ class MemscopeApp(App[int]):
     def _read_head(self) -> None:
         try:
             first, self._first = self._first, None
-            snapshot = first.result() if first is not None else load_head(self.db, self._head)
+            snapshot = first.result() if first is not None else self._head.read()
         except Exception as exc:  # noqa: BLE001 - a live file can fail a read; say so, keep going
             self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}", full=False))
         else:
@@ -443,7 +446,7 @@ class MemscopeApp(App[int]):
 
 
 def run_app(db: str, attached: bool = False, first: Future[Snapshot] | None = None,
-            head: RunHead | None = None) -> int:
+            head: HeadSource | None = None) -> int:
     """Run the dashboard on ``db`` in the terminal; returns the exit status. ``first``: the
     first head snapshot, being read by ``head`` (see memscope.cli.tui)."""
     app = MemscopeApp(db, attached=attached, first=first, head=head)

@@ -12,6 +12,7 @@ two inventories to compare, the breakdown step) travels in a :class:`Selection`.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -98,22 +99,64 @@ class Snapshot:
 _INPUTS = ("events", "layer_stats", "step_breakdown", "inventories", "leak_holders")
 
 
+class HeadSource:
+    """The head reads of one dashboard (:meth:`read`, on worker threads, one at a time). The
+    file stays open between them: opening a run file checks it (a pass over its steps table, 5 ms
+    at a million steps). A path that names another file now (replaced, moved) is opened anew
+    and read from the start."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.head = RunHead()
+        self._reader: RunReader | None = None
+        self._file: tuple[int, int] | None = None
+
+    def read(self) -> Snapshot:
+        """The overview's data only (``partial``): run facts, the peak, the timeline, the last
+        steps; after the first read, from the rows appended since."""
+        began, cpu = time.perf_counter(), time.thread_time()
+        reader = self._open()
+        try:
+            h = self.head.read(reader)
+            have = {r["name"] for r in reader.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            inputs = tuple(reader.scalar(f"SELECT max(rowid) FROM {t}") if t in have else None for t in _INPUTS)
+        except Exception:
+            self.close()  # a failed read starts over on a fresh connection
+            raise
+        s = h.summary
+        return Snapshot(
+            summary=s, timeline=h.timeline, extra_series=[], steps=h.steps, position=h.position,
+            layer_steps=[], layer_step=None, depth=None, max_depth=0, layers=[], layer_micro_batches=None,
+            layer_closure_forwards=0, inventory_steps=[], diff_from=None, diff_to=None, diff=[],
+            breakdown_steps=[], breakdown=None, fragmentation=None, oom_advice=[], suggestions=Part(),
+            ranks=[], imbalance=None, read_s=time.perf_counter() - began, partial=True,
+            rows_read=h.rows_read, inputs=(s.status, *inputs), cpu_s=time.thread_time() - cpu)
+
+    def _open(self) -> RunReader:
+        st = os.stat(self.db)
+        file = (st.st_dev, st.st_ino)
+        if self._reader is not None and file != self._file:
+            self.close()
+            self.head = RunHead()
+        if self._reader is None:
+            self._reader = RunReader(self.db, threads=True)
+            self._file = file
+        return self._reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
 def load_head(db: str, head: RunHead) -> Snapshot:
-    """The overview's data only (``partial``): run facts, the peak, the timeline, the last steps.
-    ``head`` remembers what it read: the next call reads only rows appended since."""
-    began, cpu = time.perf_counter(), time.thread_time()
-    with RunReader(db) as reader:
-        h = head.read(reader)
-        have = {r["name"] for r in reader.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        inputs = tuple(reader.scalar(f"SELECT max(rowid) FROM {t}") if t in have else None for t in _INPUTS)
-    s = h.summary
-    return Snapshot(
-        summary=s, timeline=h.timeline, extra_series=[], steps=h.steps, position=h.position,
-        layer_steps=[], layer_step=None, depth=None, max_depth=0, layers=[], layer_micro_batches=None,
-        layer_closure_forwards=0, inventory_steps=[], diff_from=None, diff_to=None, diff=[],
-        breakdown_steps=[], breakdown=None, fragmentation=None, oom_advice=[], suggestions=Part(),
-        ranks=[], imbalance=None, read_s=time.perf_counter() - began, partial=True,
-        rows_read=h.rows_read, inputs=(s.status, *inputs), cpu_s=time.thread_time() - cpu)
+    """One head read of ``db`` (a :class:`HeadSource` keeps the file open between reads)."""
+    source = HeadSource(db)
+    source.head = head
+    try:
+        return source.read()
+    finally:
+        source.close()
 
 
 # RunSummary fields a head read has fresh; the rest (leaks, hotspots, ranks...) come from the full read
