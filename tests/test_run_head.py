@@ -147,3 +147,46 @@ def test_sketch_buckets_hold_each_bucket_maximum() -> None:
     assert sk.points("x") == [want[i] for i in sorted(want)]
     assert len(sk.points("x")) <= 16
     assert sk.max("x") == max(points, key=lambda p: (p[1], -p[0]))
+
+
+@pytest.mark.parametrize("aggregate", [False, True], ids=["rows", "sql"])
+def test_cuda_peak_and_series_match(aggregate: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with allocator samples on two devices (added to a real CPU run's file): the peak is
+    the allocator's column, the series are summed over devices, as in the full reads."""
+    db = tmp_path / "cuda.db"
+    shutil.copy(DATA / "leaky.sqlite", db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    proc, = conn.execute("SELECT proc FROM samples GROUP BY proc ORDER BY count(*) DESC").fetchone()
+    rng = random.Random(3)
+    times = [r[0] for r in conn.execute("SELECT t FROM samples WHERE proc = ? ORDER BY t", (proc,))]
+    conn.execute("BEGIN")
+    for device in (0, 1):
+        conn.executemany("INSERT INTO cuda_samples (proc, t, device, allocated, allocated_peak, reserved,"
+                         " reserved_peak) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [(proc, t, device, a, a, a * 2, a * 2) for t, a in
+                          ((t, rng.randrange(1 << 20, 1 << 30)) for t in times)])
+    steps = [r[0] for r in conn.execute("SELECT step FROM steps WHERE proc = ?", (proc,))]
+    conn.executemany("UPDATE steps SET peak_allocated = ? WHERE proc = ? AND step = ?",
+                     [(rng.choice([7 << 20, 9 << 20]), proc, s) for s in steps])  # ties: the earliest
+    conn.execute("COMMIT")
+    conn.close()
+    if aggregate:
+        monkeypatch.setattr(run_head, "DIRECT_ROWS", 0)
+    with RunReader(db) as reader:
+        head = RunHead().read(reader)
+        full = summarize(reader)
+        timeline = memory_timeline(reader, 200)
+    _same_head(head.summary, full)
+    assert head.summary.peak.metric == "cuda_allocated" and head.summary.peak.bytes == 9 << 20
+    assert list(head.timeline.series) == list(timeline.series)  # CUDA first: the primary series
+    assert head.timeline.series["rss"].max == timeline.series["rss"].max
+    # summed over devices per bucket: at least the highest sum at one instant, at most the sum
+    # of each device's highest
+    conn = sqlite3.connect(db)
+    at_once = conn.execute("SELECT max(s) FROM (SELECT sum(allocated) AS s FROM cuda_samples"
+                           " GROUP BY t)").fetchone()[0]
+    apart = conn.execute("SELECT sum(m) FROM (SELECT max(allocated) AS m FROM cuda_samples"
+                         " GROUP BY device)").fetchone()[0]
+    conn.close()
+    high = head.timeline.series["cuda_allocated"].max
+    assert high is not None and at_once <= high <= apart
