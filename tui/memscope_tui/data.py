@@ -2,12 +2,11 @@
 
 :func:`load_snapshot` runs on a worker thread; it returns a frozen :class:`Snapshot` of plain
 dataclasses that the views only format. It reads everything (seconds at a million steps), so the
-app first draws :func:`load_head`'s partial snapshot (the run, its peak, a downsampled timeline,
-the last steps: one SQL pass at the first read, then only rows appended since, through a
-:class:`~memscope.analysis.run_head.RunHead`) and lays each later head over the last full
-snapshot (:func:`with_head`) while the run is live. What the user picked (profiled step, fold depth, the
-two inventories to compare, the breakdown step) travels in a :class:`Selection`.
-"""
+app first draws a :class:`HeadSource`'s partial snapshot (the run, its peak, a downsampled
+timeline, the last steps: one SQL pass at the first read, then only the rows appended since,
+through a :class:`~memscope.analysis.run_head.RunHead`) and, while the run is live, lays each
+later head over the last full snapshot (:func:`with_head`). What the user picked (profiled step,
+fold depth, the two inventories to compare, the breakdown step) travels in a :class:`Selection`."""
 
 from __future__ import annotations
 
