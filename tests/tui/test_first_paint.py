@@ -114,19 +114,27 @@ async def test_live_refresh_reads_only_the_new_rows(tmp_path: Path) -> None:
     shutil.copy(DATA / "leaky.sqlite", db)
     _make_live(db)
     app = Recording(str(db), poll_s=0.1)
+    app.full_every_s = 1e9  # full reads only for what changed (not also every 30 s)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: app.loads >= 1 and app.live)
         assert app.snapshot is not None and app.snapshot.summary.peak.bytes is not None
         before, peak = app.snapshot.summary.steps, app.snapshot.summary.peak.bytes
         fulls, drawn = app.full_reads, len(app.drawn)
-        step = _append(db, 30, peak - 1, peak + 4096)
+        step = _append(db, 30, peak - 1, peak - 1)  # nothing the slow analyses read changes
         await wait_until(pilot, lambda: app.snapshot is not None and app.snapshot.summary.steps == before + 1)
         await pilot.pause()
         heads = [s.rows_read for s in app.drawn[drawn:] if s.rows_read]
         assert heads == [31]  # one refresh read the 30 samples and the step, nothing else
         assert app.full_reads == fulls  # the slow analyses' inputs did not change: not re-read
-        assert text_of(app, "#peak") == f"peak {human_bytes(peak + 4096)} host RSS at step {step}"
         assert str(app.query_one("#steps", DataTable).get_row_at(0)[0]).strip() == str(step)
+        # a new peak shows at the next refresh (its breakdown comes with the next full read)
+        step = _append(db, 5, peak - 1, peak + (64 << 20))
+        await wait_until(pilot, lambda: text_of(app, "#peak").startswith(f"peak {human_bytes(peak + (64 << 20))} "))
+        assert text_of(app, "#peak") == f"peak {human_bytes(peak + (64 << 20))} host RSS at step {step}"
+        # ...which a new peak brings (spaced from the one before by FULL_MIN_S)
+        await wait_until(pilot, lambda: app.full is not None and app.full.summary.peak.step == step)
+        await pilot.pause()
+        fulls = app.full_reads
         # a new inventory (what the leak analysis reads): the full read runs again
         conn = sqlite3.connect(db, isolation_level=None)
         cols = [r[1] for r in conn.execute("PRAGMA table_info(inventories)")]

@@ -165,6 +165,7 @@ class MemscopeApp(App[int]):
         self.last_error: str | None = None
         self.interrupted = False           # ctrl+c sent to the training (attached only)
         self.hold_full = False             # tests: keep the full read from starting (a slow reader)
+        self.full_every_s = FULL_EVERY_S   # tests: no timed full read
         self._head_busy = self._head_again = False
         self._full_busy = self._full_again = False
         self._full_at = -1e9               # time.monotonic() when the last full read started
@@ -269,7 +270,7 @@ class MemscopeApp(App[int]):
         since = time.monotonic() - self._full_at
         if since < max(FULL_MIN_S, FULL_GAP * full.read_s):
             return False
-        return head.inputs != self._full_inputs or since >= FULL_EVERY_S
+        return head.inputs != self._full_inputs or since >= self.full_every_s
 
     def on_memscope_app_loaded(self, message: MemscopeApp.Loaded) -> None:
         snap = message.snapshot

@@ -92,7 +92,8 @@ class Snapshot:
     partial: bool = False                            # only the head: the analyses are still loading
     rows_read: int = 0                               # a head read: sample and step rows it covered
     cpu_s: float = 0.0                               # a head read: CPU seconds of its thread
-    inputs: tuple[Any, ...] = ()                     # a head read: what the analyses read (changed: re-read)
+    inputs: tuple[Any, ...] = ()                     # a head read: what the analyses read (changed: re-read);
+                                                     # a new peak too (its breakdown)
 
 # tables the slow analyses (leaks, layers, breakdown, suggestions, OOM) read beyond the head's
 _INPUTS = ("events", "layer_stats", "step_breakdown", "inventories", "leak_holders")
@@ -129,7 +130,8 @@ class HeadSource:
             layer_closure_forwards=0, inventory_steps=[], diff_from=None, diff_to=None, diff=[],
             breakdown_steps=[], breakdown=None, fragmentation=None, oom_advice=[], suggestions=Part(),
             ranks=[], imbalance=None, read_s=time.perf_counter() - began, partial=True,
-            rows_read=h.rows_read, inputs=(s.status, *inputs), cpu_s=time.thread_time() - cpu)
+            rows_read=h.rows_read, inputs=(s.status, s.peak.bytes, s.peak.step, *inputs),
+            cpu_s=time.thread_time() - cpu)
 
     def _open(self) -> RunReader:
         st = os.stat(self.db)
