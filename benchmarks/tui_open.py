@@ -7,13 +7,15 @@ The run file: a copy of tests/tui/data/leaky.sqlite (a real example run: layers,
 leak) with host samples appended until it holds ``--samples`` rows, one step per 100 samples,
 at 1 kHz. The content is deterministic. Printed (not asserted):
 
-- ``load``: :func:`memscope_tui.data.load_snapshot` (all views' data), cold and warm, and its
-  main parts;
-- ``open``: from starting the app (headless, 80x24) to the first snapshot drawn; and, when tmux
-  is installed, ``memscope tui`` in a real terminal from the command to the timeline on screen;
-- ``live``: while another process appends 1,000 samples/s, refreshes every 0.5 s: the reader
-  thread's time per refresh, and the longest the UI's event loop went without running a 20 ms
-  timer (what blocking would show as).
+- ``load``: :func:`memscope_tui.data.load_head` (the overview's data, drawn first) and
+  :func:`memscope_tui.data.load_snapshot` (all views' data, read after it), cold and warm;
+- ``open``: from starting the app (headless, 80x24) to the first frame drawn and to every view
+  loaded; and, when tmux is installed, ``memscope tui`` in a real terminal from the command to
+  the timeline on screen;
+- ``live``: while another process appends 1,000 samples/s, refreshes every 0.5 s: the head
+  read's CPU (its thread's), wall time and new rows per refresh, the full reads done meanwhile,
+  and the longest the UI's event loop went without running a 20 ms timer (what blocking would
+  show as); then the same on a ``--small`` file, and the ratio of the two CPU medians.
 """
 
 from __future__ import annotations
@@ -77,16 +79,23 @@ def _median_time(fn: object, repeats: int = 3) -> float:
 
 
 def bench_load(db: Path) -> None:
+    from memscope.analysis.run_head import RunHead
     from memscope.analysis.summary import summarize
     from memscope.analysis.timeline import memory_timeline
     from memscope.store.reader import RunReader
-    from memscope_tui.data import load_snapshot
+    from memscope_tui.data import load_head, load_snapshot
 
+    began, cpu = time.perf_counter(), time.process_time()
+    head = load_head(str(db), RunHead())
+    print(f"head     cold {(time.perf_counter() - began) * 1000:7.0f} ms   CPU "
+          f"{(time.process_time() - cpu) * 1000:.0f} ms   warm "
+          f"{_median_time(lambda: load_head(str(db), RunHead())) * 1000:7.0f} ms   "
+          f"({head.rows_read} rows aggregated)")
     began, cpu = time.perf_counter(), time.process_time()
     snap = load_snapshot(str(db))
     cold, cpu = time.perf_counter() - began, time.process_time() - cpu
     warm = _median_time(lambda: load_snapshot(str(db)))
-    print(f"load     cold {cold * 1000:7.0f} ms   warm {warm * 1000:7.0f} ms   "
+    print(f"full     cold {cold * 1000:7.0f} ms   warm {warm * 1000:7.0f} ms   "
           f"CPU {cpu * 1000:.0f} ms over its threads   "
           f"({snap.summary.samples} samples, {snap.summary.steps} steps)")
     with RunReader(db) as reader:
@@ -94,17 +103,22 @@ def bench_load(db: Path) -> None:
         print(f"  memory_timeline  {_median_time(lambda: memory_timeline(reader, 200)) * 1000:7.0f} ms")
 
 
-async def _open(db: Path) -> tuple[float, float]:
+async def _open(db: Path) -> tuple[float, float, float]:
+    """Seconds from the app's start to its first frame and to every view loaded; the first
+    head read's own time."""
     from memscope_tui.app import MemscopeApp
 
     began = time.perf_counter()
     app = MemscopeApp(str(db))
-    async with app.run_test(size=(80, 24)) as pilot:
-        while app.loads < 1:
-            await pilot.pause(0.005)
+    async with app.run_test(size=(80, 24)):
+        while app.paints < 1:
+            await asyncio.sleep(0.005)
         drawn = time.perf_counter() - began
         assert app.snapshot is not None
-        return drawn, app.snapshot.read_s
+        read = app.snapshot.read_s
+        while app.loads < 1:
+            await asyncio.sleep(0.005)
+        return drawn, time.perf_counter() - began, read
 
 
 def _writer(path: str, seconds: float) -> None:
@@ -122,38 +136,60 @@ def _writer(path: str, seconds: float) -> None:
             rows.append((proc, t + i / RATE_HZ, step + i // PER_STEP, "backward", 320_000_000 + i))
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany("INSERT INTO samples (proc, t, step, phase, rss) VALUES (?, ?, ?, ?, ?)", rows)
+        conn.execute("UPDATE processes SET heartbeat = ? WHERE id = ?", (time.time(), proc))
         conn.execute("COMMIT")
         time.sleep(0.05)
     conn.close()
 
 
-async def _live(db: Path, seconds: float) -> tuple[list[float], float, int]:
+async def _live(db: Path, seconds: float) -> dict[str, float]:
+    """Refreshes while another process appends: per head read its thread's CPU, wall time and the
+    rows it covered; full reads (the slow analyses) done meanwhile; the longest UI stall."""
     from memscope_tui.app import MemscopeApp
 
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("UPDATE run SET status = 'running', ended = NULL, exit_code = NULL")
+    # a live run whose writer is the --write process: no pid to look up, so readers judge it by
+    # the heartbeat that process stamps (memscope/store/liveness.py)
+    conn.execute("UPDATE run SET status = 'running', ended = NULL, exit_code = NULL, owner_pid = NULL")
+    conn.execute("UPDATE processes SET status = 'finished', heartbeat = ?", (time.time(),))
     conn.close()
     app = MemscopeApp(str(db))
+    cpu: list[float] = []
     reads: list[float] = []
+    rows: list[int] = []
     gaps: list[float] = []
-    async with app.run_test(size=(80, 24)) as pilot:
-        while app.loads < 1:
-            await pilot.pause(0.01)
+    async with app.run_test(size=(80, 24)):
+        while app.full_reads < 1:  # the open's full read done: measure the steady state
+            await asyncio.sleep(0.01)
         writer = subprocess.Popen([sys.executable, __file__, "--write", str(db), str(seconds + 1)])
         last = time.perf_counter()
-        seen = app.loads
+        seen, fulls = app.head, app.full_reads
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             await asyncio.sleep(0.02)  # runs on the UI's event loop: late wake-ups = a blocked UI
             now = time.perf_counter()
             gaps.append(now - last - 0.02)
             last = now
-            if app.loads != seen and app.snapshot is not None:
-                seen = app.loads
-                reads.append(app.snapshot.read_s)
-        refreshes = app.loads - 1
+            head = app.head
+            if head is not seen and head is not None:
+                seen = head
+                cpu.append(head.cpu_s)
+                reads.append(head.read_s)
+                rows.append(head.rows_read)
+        fulls = app.full_reads - fulls
     writer.wait()
-    return reads, max(gaps) if gaps else 0.0, refreshes
+    if not cpu:
+        return {}
+    return {"refreshes": len(cpu), "cpu_ms": statistics.median(cpu) * 1000, "cpu_max_ms": max(cpu) * 1000,
+            "wall_ms": statistics.median(reads) * 1000, "rows": statistics.median(rows),
+            "fulls": fulls, "stall_ms": max(gaps) * 1000 if gaps else 0.0}
+
+
+def _print_live(label: str, live: dict[str, float], seconds: float) -> None:
+    print(f"live {label:>9}  {live['refreshes']:.0f} refreshes in {seconds:g} s; head read per refresh: "
+          f"CPU median {live['cpu_ms']:.1f} ms (max {live['cpu_max_ms']:.1f}), wall {live['wall_ms']:.0f} ms, "
+          f"{live['rows']:.0f} new rows; full reads meanwhile {live['fulls']:.0f}; "
+          f"longest UI stall {live['stall_ms']:.0f} ms")
 
 
 def _terminal_open(db: Path) -> float | None:
@@ -182,6 +218,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=1_000_000)
     p.add_argument("--live-s", type=float, default=5.0, help="seconds of live refresh to measure")
+    p.add_argument("--small", type=int, default=10_000,
+                   help="also measure live refresh on a file of this many samples (0: not)")
     p.add_argument("--keep", metavar="PATH", help="keep the generated run file here")
     p.add_argument("--write", nargs=2, metavar=("DB", "SECONDS"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -196,21 +234,28 @@ def main() -> int:
         print(f"built {db} ({db.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - began:.1f} s; "
               f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         bench_load(db)
-        drawn, read = asyncio.run(_open(db))
-        print(f"open     first snapshot drawn {drawn * 1000:.0f} ms after the app started "
-              f"(reading {read * 1000:.0f} ms of it)")
+        drawn, full, read = asyncio.run(_open(db))
+        print(f"open     first frame drawn {drawn * 1000:.0f} ms after the app started (its head read "
+              f"{read * 1000:.0f} ms); every view loaded at {full * 1000:.0f} ms")
         term = _terminal_open(db)
         if term is not None:
             print(f"terminal `memscope tui` in tmux: timeline on screen {term * 1000:.0f} ms after "
                   "the command started (python start-up included)")
-        reads, gap, refreshes = asyncio.run(_live(db, args.live_s))
-        if reads:
-            print(f"live     {refreshes} refreshes in {args.live_s:g} s; read per refresh median "
-                  f"{statistics.median(reads) * 1000:.0f} ms, max {max(reads) * 1000:.0f} ms; "
-                  f"longest UI stall {gap * 1000:.0f} ms")
-        else:
+        live = asyncio.run(_live(db, args.live_s))
+        if not live:
             print("live     no refresh happened", file=sys.stderr)
             return 1
+        _print_live(f"{args.samples:,}", live, args.live_s)
+        if args.small > 0:  # the same at a small run length: the refresh must not grow with it
+            small = Path(tmp) / "small.db"
+            build(small, args.small)
+            few = asyncio.run(_live(small, args.live_s))
+            if not few:
+                print("live     no refresh happened on the small file", file=sys.stderr)
+                return 1
+            _print_live(f"{args.small:,}", few, args.live_s)
+            print(f"live     head read CPU ratio {args.samples:,} / {args.small:,} samples: "
+                  f"{live['cpu_ms'] / max(few['cpu_ms'], 1e-6):.2f}")
     return 0
 
 

@@ -39,13 +39,14 @@ def run(args: argparse.Namespace) -> int:
         data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
     except ImportError:
         raise CliError(_INSTALL) from None
+    head = data.HeadSource(args.db)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="memscope-read") as pool:
-        first = pool.submit(data.load_snapshot, args.db)
+        first = pool.submit(head.read)  # the overview's data, drawn first
         try:
             app_module = importlib.import_module("memscope_tui.app")  # textual loads meanwhile
         except ImportError:
             raise CliError(_INSTALL) from None
-        return int(app_module.run_app(args.db, attached=bool(args.attached), first=first))
+        return int(app_module.run_app(args.db, attached=bool(args.attached), first=first, head=head))
 
 
 def dashboard_installed() -> bool:

@@ -6,6 +6,7 @@ of torch: a run file copied to a laptop opens here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -25,7 +26,9 @@ from memscope.store.schema import SCHEMA_VERSION, RunFileError, check_tables, ch
 class RunReader:
     """Typed queries over one run file. Rows come back as plain dicts."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], threads: bool = False) -> None:
+        """``threads``: the reader may be used from threads other than the one that opened it,
+        one at a time (a dashboard keeps one open between refreshes on worker threads)."""
         self.path = str(path)
         p = Path(self.path)
         if not p.exists():
@@ -33,7 +36,8 @@ class RunReader:
         if p.is_dir():
             raise RunFileError(f"{self.path}: is a directory, not a run file")
         try:
-            conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, timeout=5.0)
+            conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, timeout=5.0,
+                                   check_same_thread=not threads)
         except sqlite3.Error as exc:
             raise RunFileError(f"{self.path}: cannot open ({exc})") from None
         try:
@@ -65,6 +69,19 @@ class RunReader:
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextlib.contextmanager
+    def consistent(self) -> Iterator[None]:
+        """Every query inside reads one state of the file (a read transaction): what a live
+        writer commits meanwhile shows in the next one, never half in this one."""
+        if self.conn.in_transaction:
+            yield
+            return
+        self.conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.conn.rollback()  # read-only: nothing to keep
 
     def __enter__(self) -> "RunReader":
         return self

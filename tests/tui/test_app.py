@@ -160,6 +160,8 @@ async def test_follows_a_live_run_until_it_ends(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
             await wait_until(pilot, lambda: not app.live)
+            # the run's end (seen by the head read) brings one last full read of the ended run
+            await wait_until(pilot, lambda: app.full is not None and app.full.summary.status != "running")
             loads = app.loads
             assert text_of(app, "#status").startswith("killed (signal 15)")
             await pilot.pause(0.6)

@@ -1,9 +1,13 @@
 """The memscope dashboard: ``memscope tui RUN.db`` (and the foreground of ``memscope attach``).
 
-A worker thread reads one :class:`~memscope_tui.data.Snapshot` through memscope.store and
-memscope.analysis and posts it to the app as a message; the UI thread only draws. While the run
-is still being written (status ``running``) the snapshot is re-read every :data:`POLL_S`
-seconds; once the run has ended, polling stops. Seven views, one per tab (keys 1-7).
+Worker threads read :class:`~memscope_tui.data.Snapshot` objects through memscope.store and
+memscope.analysis and post them to the app as messages; the UI thread only draws. The first is a
+head (the overview's data: cheap, drawn first); the full read (every view) follows, each other
+view showing "loading…" until it arrives. While the run is still being written (status
+``running``) the head is read again every :data:`POLL_S` seconds (only rows appended since) and
+drawn over the last full read; the full read is repeated only when its inputs changed, the run
+ended, or :data:`FULL_EVERY_S` passed. Once the run has ended, polling stops. Seven views, one
+per tab (keys 1-7).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
 from memscope.display import shown, shown_text
-from memscope_tui.data import Selection, Snapshot, load_snapshot
+from memscope_tui.data import HeadSource, Selection, Snapshot, load_snapshot, with_head
 from memscope_tui.views import View
 from memscope_tui.views.breakdown import BreakdownView
 from memscope_tui.views.layers import LayersView
@@ -41,6 +45,9 @@ from memscope_tui.widgets import SelectionChanged, StepRuler, state_line
 __all__ = ["HelpScreen", "MemscopeApp", "StepRuler", "run_app"]
 
 POLL_S = 0.5        # refresh period while the run is still being written (twice a second)
+FULL_MIN_S = 2.0     # while live, full reads (the slow analyses) at most this often...
+FULL_GAP = 10.0      # ...and at most every this many times their own duration...
+FULL_EVERY_S = 30.0  # ...and at least this often even when their inputs did not change
 
 # tab id -> view class, in key order 1..7
 VIEWS: list[tuple[str, type[View]]] = [
@@ -118,92 +125,175 @@ class MemscopeApp(App[int]):
     ]
 
     class Loaded(Message):
-        """A snapshot was read (posted from the reader thread)."""
+        """A snapshot was read (posted from a reader thread): a full one, or a head (``partial``)."""
 
         def __init__(self, snapshot: Snapshot) -> None:
             super().__init__()
             self.snapshot = snapshot
 
     class LoadFailed(Message):
-        """Reading the run file failed this time (posted from the reader thread)."""
+        """Reading the run file failed this time (posted from a reader thread)."""
 
-        def __init__(self, error: str) -> None:
+        def __init__(self, error: str, full: bool = True) -> None:
             super().__init__()
             self.error = error
+            self.full = full
 
     def __init__(self, db: str, poll_s: float = POLL_S, attached: bool = False,
                  now: Callable[[], float] = time.time,
-                 first: Future[Snapshot] | None = None) -> None:
+                 first: Future[Snapshot] | None = None, head: HeadSource | None = None) -> None:
         """``attached``: opened by ``memscope attach`` in the foreground: q leaves the training
         running, ctrl+c interrupts it. ``now`` is the clock for "running for N s" (tests freeze it).
-        ``first``: the first snapshot, already being read (started before textual was imported)."""
+        ``first``: the first head snapshot, already being read by ``head`` (started before textual
+        was imported)."""
         super().__init__()
         self._first = first
+        self._head = head if head is not None and first is not None else HeadSource(db)
         self.db = db
         self.poll_s = poll_s
         self.attached = attached
         self.now = now
-        self.snapshot: Snapshot | None = None
+        self.snapshot: Snapshot | None = None  # what is drawn
+        self.full: Snapshot | None = None      # the last full read (every view's data)
+        self.head: Snapshot | None = None      # the last head read (the overview's, incremental)
         self.selection = Selection()
         self.filter_text = ""
         self.live = False                  # polling because the run is still being written
-        self.loads = 0                     # snapshots applied so far
+        self.loads = 0                     # complete snapshots drawn so far (every view's data)
+        self.paints = 0                    # snapshots drawn, a partial first one included
+        self.full_reads = 0                # full reads done (the slow analyses)
         self.last_error: str | None = None
         self.interrupted = False           # ctrl+c sent to the training (attached only)
-        self._loading = False
-        self._again = False                # a read was asked for while one was running
+        self.hold_full = False             # tests: keep the full read from starting (a slow reader)
+        self.full_every_s = FULL_EVERY_S   # tests: no timed full read
+        self._head_busy = self._head_again = False
+        self._full_busy = self._full_again = False
+        self._full_at = -1e9               # time.monotonic() when the last full read started
+        self._full_inputs: tuple[Any, ...] | None = None  # the head's inputs at that time
         self._poll_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         with TabbedContent(id="tabs", initial="overview"):
             for i, (tab, cls) in enumerate(VIEWS, 1):
                 with TabPane(f"{i} {cls.TITLE}", id=tab):
+                    if cls is not OverviewView:  # shown until the first full read arrives
+                        yield Static("loading…", id=f"loading-{tab}", classes="loading")
                     yield cls(now=self.now, id=f"view-{tab}") if cls is OverviewView else cls(id=f"view-{tab}")
         yield Input(placeholder="filter: words that must appear (enter keeps, escape clears)",
                     id="filter")
         yield Static("", id="state", classes="line")
         yield Footer()
 
+    def on_unmount(self) -> None:
+        if not self._head_busy:  # a read under way closes nothing under it; the process ends anyway
+            self._head.close()
+
     def on_mount(self) -> None:
         self.sub_title = shown_text(self.db)
         self._poll_timer = self.set_interval(self.poll_s, self._poll, pause=True)
-        self._request_load()
+        self._request_head()
 
     # -- reading, off the UI thread ------------------------------------------------------------
+    # Two readers: the head (run facts, peak, timeline, last steps; after the first read only the
+    # rows appended since) on every tick, and the full read (every view) after the first paint,
+    # then while the run is live only when what the analyses read changed, or the run ended, or
+    # FULL_EVERY_S passed - at most one at a time, spaced by FULL_GAP times its own duration.
 
     def _poll(self) -> None:
-        # a timer tick while a read is still running is dropped: on a huge live file the reader
-        # then works at most every other period instead of back to back
-        if not self._loading:
-            self._request_load()
+        # a tick while a head read is still running is dropped
+        if not self._head_busy:
+            self._request_head()
+
+    def _request_head(self) -> None:
+        if self._head_busy:
+            self._head_again = True
+            return
+        self._head_busy, self._head_again = True, False
+        self._read_head()
 
     def _request_load(self) -> None:
-        if self._loading:
-            self._again = True  # asked for (a key, a new selection): read again right after
+        """A full read (a new selection, r, the first paint drawn)."""
+        if self._full_busy or self.hold_full:
+            self._full_again = True
             return
-        self._loading = True
-        self._again = False
-        self._load(self.selection)
+        self._full_busy, self._full_again = True, False
+        self._full_at = time.monotonic()
+        self._full_inputs = self.head.inputs if self.head is not None else None
+        self._read_full(self.selection)
 
-    @work(thread=True, group="load", exit_on_error=False)
-    def _load(self, selection: Selection) -> None:
+    def release_full(self) -> None:
+        """Tests: let the held full read start."""
+        self.hold_full = False
+        if self._full_again:
+            self._request_load()
+
+    @work(thread=True, group="head", exit_on_error=False)
+    def _read_head(self) -> None:
         try:
             first, self._first = self._first, None
-            snapshot = first.result() if first is not None else load_snapshot(self.db, selection)
+            snapshot = first.result() if first is not None else self._head.read()
+        except Exception as exc:  # noqa: BLE001 - a live file can fail a read; say so, keep going
+            self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}", full=False))
+        else:
+            self.post_message(self.Loaded(snapshot))
+
+    @work(thread=True, group="full", exit_on_error=False)
+    def _read_full(self, selection: Selection) -> None:
+        try:
+            snapshot = load_snapshot(self.db, selection)
         except Exception as exc:  # noqa: BLE001 - a live file can fail a read; say so, keep going
             self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}"))
         else:
             self.post_message(self.Loaded(snapshot))
 
-    def _loaded(self) -> None:
-        self._loading = False
-        if self._again:
-            self._request_load()
+    def _done(self, full: bool) -> None:
+        if full:
+            self._full_busy = False
+            if self._full_again:
+                self._request_load()
+        else:
+            self._head_busy = False
+            if self._head_again:
+                self._request_head()
+
+    def _full_due(self, head: Snapshot) -> bool:
+        full = self.full
+        if full is not None and head.summary.status != full.summary.status:
+            # the run ended (or was found abandoned): its final numbers now, or right after the
+            # read under way (it may have started before the end)
+            self._full_again = self._full_busy
+            return not self._full_busy
+        if self._full_busy:
+            return False
+        if full is None:
+            return True  # the first failed: again
+        since = time.monotonic() - self._full_at
+        if since < max(FULL_MIN_S, FULL_GAP * full.read_s):
+            return False
+        return head.inputs != self._full_inputs or since >= self.full_every_s
 
     def on_memscope_app_loaded(self, message: MemscopeApp.Loaded) -> None:
         snap = message.snapshot
+        if snap.partial:
+            self.head = snap
+            if self.full is not None:
+                snap = with_head(self.full, snap)
+            self._apply(snap)
+            if self.full is None and self.paints == 1:
+                self.call_after_refresh(self._request_load)  # the first frame goes out first
+            elif self._full_due(message.snapshot):
+                self._request_load()
+            self._done(full=False)
+        else:
+            self.full = snap
+            self.full_reads += 1
+            self._apply(snap)
+            self._done(full=True)
+
+    def _apply(self, snap: Snapshot) -> None:
         self.snapshot = snap
-        self.loads += 1
+        self.paints += 1
+        self.loads += not snap.partial
         if self.last_error is not None:
             self.last_error = None
             self.notify("reading the run file works again", timeout=2)
@@ -221,7 +311,6 @@ class MemscopeApp(App[int]):
         elif was_live and snap.summary.status == "abandoned":
             self.notify("no process is left writing this run (killed?): stopped refreshing",
                         title="run abandoned", severity="warning", timeout=10)
-        self._loaded()
 
     def on_memscope_app_load_failed(self, message: MemscopeApp.LoadFailed) -> None:
         if message.error != self.last_error:
@@ -232,7 +321,7 @@ class MemscopeApp(App[int]):
         # `memscope attach` has only just created may not have its tables yet)
         if self._poll_timer is not None and (self.snapshot is None or self.live):
             self._poll_timer.resume()
-        self._loaded()
+        self._done(message.full)
 
     # -- drawing -------------------------------------------------------------------------------
 
@@ -244,7 +333,14 @@ class MemscopeApp(App[int]):
 
     def _draw(self, snap: Snapshot) -> None:
         for view in self.query(View):
-            view.show(snap, self.filter_text)
+            if isinstance(view, OverviewView):
+                view.show(snap, self.filter_text)
+                continue
+            tab = (view.id or "").removeprefix("view-")
+            self.query_one(f"#loading-{tab}", Static).display = snap.partial
+            view.display = not snap.partial
+            if not snap.partial:
+                view.show(snap, self.filter_text)
         s = snap.summary
         state = run_state(s)
         parts = [(shown(state), shown(state))]
@@ -293,6 +389,7 @@ class MemscopeApp(App[int]):
         self.query_one(TabbedContent).active = tab
 
     def action_reload(self) -> None:
+        self._request_head()
         self._request_load()
 
     def action_next_metric(self) -> None:
@@ -349,8 +446,10 @@ class MemscopeApp(App[int]):
         self.notify("interrupt sent to the training; the dashboard stays until q", timeout=5)
 
 
-def run_app(db: str, attached: bool = False, first: Future[Snapshot] | None = None) -> int:
-    """Run the dashboard on ``db`` in the terminal; returns the exit status."""
-    app = MemscopeApp(db, attached=attached, first=first)
+def run_app(db: str, attached: bool = False, first: Future[Snapshot] | None = None,
+            head: HeadSource | None = None) -> int:
+    """Run the dashboard on ``db`` in the terminal; returns the exit status. ``first``: the
+    first head snapshot, being read by ``head`` (see memscope.cli.tui)."""
+    app = MemscopeApp(db, attached=attached, first=first, head=head)
     app.run()
     return int(app.return_code or 0)

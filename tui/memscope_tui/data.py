@@ -1,13 +1,17 @@
 """Reading a run file for the dashboard: memscope.store + memscope.analysis calls only.
 
 :func:`load_snapshot` runs on a worker thread; it returns a frozen :class:`Snapshot` of plain
-dataclasses that the views only format. What the user picked (profiled step, fold depth, the
-two inventories to compare, the breakdown step) travels in a :class:`Selection`.
-"""
+dataclasses that the views only format. It reads everything (seconds at a million steps), so the
+app first draws a :class:`HeadSource`'s partial snapshot (the run, its peak, a downsampled
+timeline, the last steps: one SQL pass at the first read, then only the rows appended since,
+through a :class:`~memscope.analysis.run_head.RunHead`) and, while the run is live, lays each
+later head over the last full snapshot (:func:`with_head`). What the user picked (profiled step,
+fold depth, the two inventories to compare, the breakdown step) travels in a :class:`Selection`."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,9 +29,11 @@ from memscope.analysis.leaks import GroupDiff, diff, inventory_steps
 from memscope.analysis.oom import advice
 from memscope.analysis.ranks import RankSummary
 from memscope.analysis.ranks import imbalance as rank_imbalance
+from memscope.analysis.run_head import RunHead
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
-from memscope.analysis.timeline import Series, StepRow, Timeline, memory_timeline, recent_steps
+from memscope.analysis.timeline import (Series, StepMark, StepRow, Timeline, memory_timeline,
+                                       recent_steps)
 from memscope.analysis.views import (Fragmentation, StepBreakdown, breakdown_for, breakdown_steps,
                                      extra_series, fragmentation, position)
 from memscope.store.reader import RunReader
@@ -83,6 +89,100 @@ class Snapshot:
     ranks: list[RankSummary]                         # one per process (from the summary)
     imbalance: float | None
     read_s: float                                    # how long the read took
+    partial: bool = False                            # only the head: the analyses are still loading
+    rows_read: int = 0                               # a head read: sample and step rows it covered
+    cpu_s: float = 0.0                               # a head read: CPU seconds of its thread
+    inputs: tuple[Any, ...] = ()                     # a head read: what the analyses read (changed: re-read);
+                                                     # a new peak too (its breakdown)
+
+# tables the slow analyses (leaks, layers, breakdown, suggestions, OOM) read beyond the head's
+_INPUTS = ("events", "layer_stats", "step_breakdown", "inventories", "leak_holders")
+
+
+class HeadSource:
+    """The head reads of one dashboard (:meth:`read`, on worker threads, one at a time). The
+    file stays open between them: opening a run file checks it (a pass over its steps table, 5 ms
+    at a million steps). A path that names another file now (replaced, moved) is opened anew
+    and read from the start."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.head = RunHead()
+        self._reader: RunReader | None = None
+        self._file: tuple[int, int] | None = None
+
+    def read(self) -> Snapshot:
+        """The overview's data only (``partial``): run facts, the peak, the timeline, the last
+        steps; after the first read, from the rows appended since."""
+        began, cpu = time.perf_counter(), time.thread_time()
+        reader = self._open()
+        try:
+            h = self.head.read(reader)
+            have = {r["name"] for r in reader.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            inputs = tuple(reader.scalar(f"SELECT max(rowid) FROM {t}") if t in have else None for t in _INPUTS)
+        except Exception:
+            self.close()  # a failed read starts over on a fresh connection
+            raise
+        s = h.summary
+        return Snapshot(
+            summary=s, timeline=h.timeline, extra_series=[], steps=h.steps, position=h.position,
+            layer_steps=[], layer_step=None, depth=None, max_depth=0, layers=[], layer_micro_batches=None,
+            layer_closure_forwards=0, inventory_steps=[], diff_from=None, diff_to=None, diff=[],
+            breakdown_steps=[], breakdown=None, fragmentation=None, oom_advice=[], suggestions=Part(),
+            ranks=[], imbalance=None, read_s=time.perf_counter() - began, partial=True,
+            rows_read=h.rows_read, inputs=(s.status, s.peak.bytes, s.peak.step, *inputs),
+            cpu_s=time.thread_time() - cpu)
+
+    def _open(self) -> RunReader:
+        st = os.stat(self.db)
+        file = (st.st_dev, st.st_ino)
+        if self._reader is not None and file != self._file:
+            self.close()
+            self.head = RunHead()
+        if self._reader is None:
+            self._reader = RunReader(self.db, threads=True)
+            self._file = file
+        return self._reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def load_head(db: str, head: RunHead) -> Snapshot:
+    """One head read of ``db`` (a :class:`HeadSource` keeps the file open between reads)."""
+    source = HeadSource(db)
+    source.head = head
+    try:
+        return source.read()
+    finally:
+        source.close()
+
+
+# RunSummary fields a head read has fresh; the rest (leaks, hotspots, ranks...) come from the full read
+_HEAD_FIELDS = ("command", "status", "exit_code", "signal", "device", "torch", "steps", "samples",
+                "dropped", "started", "ended", "step_mode", "processes", "main_proc", "oom")
+
+
+def with_head(full: Snapshot, head: Snapshot) -> Snapshot:
+    """The last full snapshot with a newer head's overview laid over it (a live refresh)."""
+    s = full.summary
+    peak = head.summary.peak
+    if (peak.bytes, peak.step, peak.proc) == (s.peak.bytes, s.peak.step, s.peak.proc):
+        peak = s.peak  # unchanged: keep its breakdown and whole-run reading
+    summary = replace(s, peak=peak, **{k: getattr(head.summary, k) for k in _HEAD_FIELDS})
+    # the ruler's step marks: the full read's, then the head's last steps that ended since
+    marks = list(full.timeline.steps)
+    origin = head.timeline.origin
+    if origin is not None:
+        after = marks[-1].step if marks else -1
+        marks += [StepMark(r.step, r.start - origin, r.end - origin, r.status)
+                  for r in reversed(head.steps) if r.step > after]
+    timeline = replace(head.timeline, steps=marks)
+    return replace(full, summary=summary, timeline=timeline, steps=head.steps,
+                   position=head.position, read_s=head.read_s, rows_read=head.rows_read, cpu_s=head.cpu_s,
+                   oom_advice=advice(summary.oom) if summary.oom is not None else [])
 
 
 def load_snapshot(db: str, sel: Selection = Selection(), buckets: int = BUCKETS,
