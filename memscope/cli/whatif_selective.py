@@ -30,7 +30,10 @@ class SelectiveTrial:
         except ValueError as exc:
             return cls(why=str(exc))
         if found is None:
-            return cls(why="the baseline recorded no block profile (no repeated blocks called under grad)")
+            refused = [e["data"].get("why") for e in reader.events("technique") if isinstance(e.get("data"), dict)
+                       and e["data"].get("technique") == "sac_profile" and e["data"].get("why")]
+            return cls(why=str(refused[0]) if refused else
+                       "the baseline recorded no block profile (no repeated blocks called under grad)")
         profile, backward = found
         return cls(profile, backward, baseline_peak, sac_plan.suggested(profile), sac_plan.curve(profile))
 

@@ -44,8 +44,9 @@ def apply(agent: Any, root: Any, technique: str, patch: Callable[..., None], pea
     from memscope.agent.whatif.techniques import choose_blocks
 
     container, blocks = choose_blocks(root)
-    if not blocks:
-        why = "no repeated blocks (a ModuleList / Sequential of same-type modules)"
+    why = ("no repeated blocks (a ModuleList / Sequential of same-type modules)" if not blocks
+           else _compiled(root, blocks))
+    if why:
         agent.event("technique", f"{technique}: not applied: {why}",
                     {"technique": technique, "applied": False, "why": why})
         return
@@ -73,6 +74,22 @@ def apply(agent: Any, root: Any, technique: str, patch: Callable[..., None], pea
                              f"{container}[0..{len(blocks) - 1}], saving {', '.join(save) or 'nothing'}",
                 {"technique": "selective_checkpointing", "applied": True, "container": container,
                  "blocks": len(blocks), "save": list(save)})
+
+
+def _compiled(root: Any, blocks: list[Any]) -> str:
+    """Why not, when the blocks run compiled: Dynamo would trace the wrapper (a checkpoint with
+    a ``context_fn`` under torch.compile is its own feature, with its own warning into the
+    script's output) and the profile's dispatch mode; a compiled model is left as it is."""
+    from memscope.agent.torchcompat.compiled import is_compiling, optimized_module_type
+
+    compiled = optimized_module_type()
+    for m in [root, *blocks]:
+        if (compiled is not None and isinstance(m, compiled)) or getattr(m, "_compiled_call_impl", None) is not None:
+            return ("the model runs under torch.compile: selective checkpointing inside a compiled "
+                    "region is torch.compile's to plan (the code printed applies to the eager model)")
+    if is_compiling():
+        return "called while torch.compile traces the model"
+    return ""
 
 
 def _profile_first(agent: Any, container: str, blocks: list[Any], patch: Callable[..., None]) -> None:
