@@ -24,7 +24,7 @@ TINY = [str(EXAMPLES / "tiny_gpt.py"), "--eval-every", "0"]
 CAP = ROOT / "tests" / "scripts" / "tensor_cap.py"
 KEYS = {"schema", "budget_bytes", "max_micro_batch", "batch_argument", "plans"}
 TECHNIQUES = {"mixed_precision", "activation_checkpointing", "gradient_accumulation",
-              "lighter_optimizer", "sharding"}
+              "lighter_optimizer", "sharding", "selective_checkpointing"}
 
 
 def fit_json(*args: str, timeout: float = 300) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def score(techniques: Iterable[dict[str, Any]], extra_flops: float = 0.0) -> flo
             total += 0.1 * math.log2(max(2, int(t["steps"])))
         elif kind == "sharding":
             total += SHARDING_COST[int(t["stage"])]
-        elif kind == "activation_checkpointing":
+        elif kind in ("activation_checkpointing", "selective_checkpointing"):
             total += max(0.05, extra_flops)
         else:
             total += COST.get(kind, 0.5)
@@ -143,7 +143,7 @@ def describe_cost(techniques: Sequence[dict[str, Any]], extra_flops: float | Non
         kind = t["technique"]
         if kind == "mixed_precision":
             words.append("bf16 numerics")
-        elif kind == "activation_checkpointing":
+        elif kind in ("activation_checkpointing", "selective_checkpointing"):
             flops = f"+{extra_flops:.0%} FLOPs" if extra_flops is not None else "extra FLOPs"
             words.append(f"{flops} (recompute)")
         elif kind == "gradient_accumulation":

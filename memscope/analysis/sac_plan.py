@@ -45,6 +45,11 @@ class BlockProfile:
     made: tuple[bool, ...]
     saved: frozenset[int]
     last_pack: int
+    # storage number -> ops run when it was freed during the forward (None: outlived it); None
+    # for a profile recorded before this was measured
+    died: tuple[int | None, ...] | None = None
+    # submodule calls inside the block: (first op, ops run at its return, its output storages)
+    calls: tuple[tuple[int, int, frozenset[int]], ...] = ()
 
     @property
     def forward_flops(self) -> int:
@@ -62,6 +67,65 @@ class BlockProfile:
     def recompute_flops(self, save: frozenset[str]) -> int:
         return sum(o.flops for o in self.ops[:self.last_pack] if o.name not in save)
 
+    def rerun_bytes(self, save: frozenset[str]) -> int | None:
+        """The most bytes the rerun forward of a checkpointed block adds at once to what was
+        live when it began (None: not measured). The rerun replays the forward up to the last
+        pack: what the recomputed ops create lives as long as it did in the forward (a Python
+        local until the block returns, a saved tensor until backward), and a kept output is
+        let go when the forward let it go (the cache hands it over once)."""
+        if self.died is None:
+            return None
+        delta = [0] * (len(self.ops) + 1)
+        for n, i in self._born().items():
+            d = self.died[n]
+            if not self.made[n] or i >= self.last_pack:
+                continue
+            if self.ops[i].name not in save:  # recomputed: alive from i until it died
+                delta[i] += self.sizes[n]
+                if d is not None:
+                    delta[min(d, len(self.ops))] -= self.sizes[n]
+            elif d is not None:  # kept: already live, freed where the forward freed it
+                delta[min(d, len(self.ops))] -= self.sizes[n]
+        best = live = 0
+        for i in range(self.last_pack):
+            live += delta[i]
+            best = max(best, live)
+        return best
+
+    def checkpointed_forward_bytes(self, save: frozenset[str]) -> int | None:
+        """The most bytes the block's own tensors take at once during its forward under
+        checkpointing (None: not measured): a kept output stays (the cache holds it for
+        backward), the rest lives as it did in the profiled forward. What autograd saved there
+        outlived the forward; under checkpointing it dies when the block's Python code lets it
+        go, which the profile cannot see (autograd held it): it is taken to die when the
+        innermost submodule call that made it and did not return it returns (its locals do),
+        else to live until the block returns (a local of the block's own forward may)."""
+        if self.died is None:
+            return None
+        end = len(self.ops)
+        delta = [0] * (end + 1)
+        for n, i in self._born().items():
+            if not self.made[n]:
+                continue
+            d = None if self.ops[i].name in save else self.died[n]
+            if d is None and n in self.saved and self.ops[i].name not in save:
+                d = min((b for a, b, outs in self.calls if a <= i < b and n not in outs), default=None)
+            delta[i] += self.sizes[n]
+            if d is not None:
+                delta[min(d, end)] -= self.sizes[n]
+        best = live = 0
+        for i in range(end):
+            live += delta[i]
+            best = max(best, live)
+        return best
+
+    def _born(self) -> dict[int, int]:
+        born: dict[int, int] = {}
+        for i, o in enumerate(self.ops):
+            for n in o.out:
+                born.setdefault(n, i)
+        return born
+
     def flop_kinds(self) -> list[str]:
         per: dict[str, int] = {}
         for o in self.ops:
@@ -77,10 +141,14 @@ def parse_profile(data: dict[str, Any]) -> BlockProfile:
         made = tuple(bool(s["made"]) for s in data["storages"])
         ops = tuple(Op(str(o["op"]), int(o["flops"]), tuple(int(n) for n in o["out"])) for o in data["ops"])
         saved = frozenset(int(n) for n in data["saved"])
+        deaths = [s.get("died") for s in data["storages"]]
+        died = (None if any("died" not in s for s in data["storages"])
+                else tuple(None if d is None else int(d) for d in deaths))
         if any(not 0 <= n < len(sizes) for o in ops for n in o.out) or any(not 0 <= n < len(sizes) for n in saved):
             raise ValueError("a storage number out of range")
+        calls = tuple((int(a), int(b), frozenset(int(n) for n in c)) for a, b, c in data.get("calls", ()))
         return BlockProfile(str(data["container"]), str(data["block_type"]), int(data["blocks"]), ops,
-                            sizes, made, saved, int(data["last_pack"]))
+                            sizes, made, saved, int(data["last_pack"]), died, calls)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a sac_profile: {exc}") from None
 
@@ -158,31 +226,83 @@ def suggested(p: BlockProfile) -> Point:
     return min(fits, key=lambda pt: (pt.activation_bytes, pt.recompute_flops)) if fits else selective_default(p)
 
 
-def predicted_peak(baseline_peak: int, window_peak: int, p: BlockProfile, plan: Point) -> int:
-    """The step's peak under ``plan``, from two figures of the baseline run: its peak, and the
-    highest live bytes during the last block's backward (``window_peak``, the ``sac_live``
-    event). Each checkpointed block keeps ``kept_bytes`` instead of what autograd saved, so the
-    baseline's peak drops by that much per block; and the first recomputed block (the last
-    checkpointed one) rebuilds its saved tensors during its backward, when the blocks after it
-    have freed theirs: the plan's peak is the higher of the two."""
+@dataclass(frozen=True)
+class Backward:
+    """What the baseline measured around the blocks' backward (the ``sac_live`` event): the
+    step's peak before the backward reached them, and per block (in block order) the live
+    bytes when its backward began and the most during it."""
+
+    forward_peak: int | None
+    blocks: tuple[tuple[int, int], ...]
+    forward_starts: tuple[int, ...] = ()  # per block: the live bytes when its forward began
+
+
+def parse_backward(data: dict[str, Any], p: BlockProfile) -> Backward:
+    """The ``sac_live`` event's data; ValueError when it is not one. An event of the last block
+    only (recorded before every block was measured) stands for the others with their saved
+    bytes taken off, as they are freed by then."""
+    try:
+        if isinstance(data.get("blocks"), list):
+            blocks = tuple((int(a), int(b)) for a, b in data["blocks"])
+            if len(blocks) != p.blocks:
+                raise ValueError("one window per block expected")
+            starts = tuple(int(a) for a in data.get("forward_starts", ()))
+            if starts and len(starts) != p.blocks:
+                raise ValueError("one forward start per block expected")
+            return Backward(int(data["forward_peak"]), blocks, starts)
+        live, window = int(data["live_bytes"]), int(data["window_peak"])
+        s = p.saved_bytes
+        return Backward(None, tuple((live - (p.blocks - 1 - k) * s, window - (p.blocks - 1 - k) * s)
+                                    for k in range(p.blocks)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a sac_live event: {exc}") from None
+
+
+def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Point) -> int:
+    """The step's peak under ``plan`` (the first ``j`` blocks checkpointed, each keeping
+    ``kept_bytes`` instead of the ``saved_bytes`` autograd kept: ``drop`` less), from the
+    baseline's peak and its backward windows. The highest of:
+
+    * the forward's peak, ``drop`` less per checkpointed block; and during checkpointed block
+      k's forward, the live bytes when it began, less the drop of blocks 0..k-1, plus what its
+      own tensors take at once (``checkpointed_forward_bytes``);
+    * each checkpointed block k's rerun: the live bytes when its backward began, less the drop
+      of blocks 0..k, plus what the rerun adds (``rerun_bytes``);
+    * each block's backward window, less the drop of the checkpointed blocks still holding
+      their kept bytes (block k, once rerun, holds what the baseline held);
+    * the baseline's peak itself when it lies outside all of these (an optimizer step), which
+      no plan moves."""
     if plan.save is None or plan.blocks == 0:
         return baseline_peak
-    j, n, drop = plan.blocks, p.blocks, p.saved_bytes - plan.kept_bytes
-    forward = baseline_peak - j * drop
-    recompute = window_peak - (n - j) * p.saved_bytes - (j - 1) * drop
-    return max(forward, recompute)
+    j, drop = plan.blocks, p.saved_bytes - plan.kept_bytes
+    forward = live.forward_peak if live.forward_peak is not None else baseline_peak
+    rerun = p.rerun_bytes(frozenset(plan.save))
+    inside = p.checkpointed_forward_bytes(frozenset(plan.save))
+    terms = [forward - j * drop]
+    if inside is not None:
+        terms += [start - k * drop + inside for k, start in enumerate(live.forward_starts[:j])]
+    for k, (start, window) in enumerate(live.blocks):
+        if k < j:
+            terms.append(window - k * drop)
+            if rerun is not None:
+                terms.append(start - (k + 1) * drop + rerun)
+        else:
+            terms.append(window - j * drop)
+    if baseline_peak > max([forward] + [w for _, w in live.blocks]):
+        terms.append(baseline_peak)
+    return max(terms)
 
 
 def from_events(profile_events: list[dict[str, Any]], live_events: list[dict[str, Any]]) \
-        -> tuple[BlockProfile, int | None] | None:
-    """The block profile and the baseline's window peak (None: not measured) from a run's
+        -> tuple[BlockProfile, Backward | None] | None:
+    """The block profile and the baseline's backward windows (None: not measured) from a run's
     ``sac_profile`` and ``sac_live`` events; None without a profile."""
     datas = [e["data"] for e in profile_events if isinstance(e.get("data"), dict)]
     if not datas:
         return None
-    windows = [int(e["data"]["window_peak"]) for e in live_events
-               if isinstance(e.get("data"), dict) and isinstance(e["data"].get("window_peak"), int)]
-    return parse_profile(datas[0]), (windows[0] if windows else None)
+    p = parse_profile(datas[0])
+    lives = [e["data"] for e in live_events if isinstance(e.get("data"), dict)]
+    return p, (parse_backward(lives[0], p) if lives else None)
 
 
 def point_json(pt: Point, predicted: int | None = None) -> dict[str, Any]:

@@ -20,15 +20,15 @@ def selective_suggestions(reader: RunReader) -> list[dict[str, Any]]:
         return []
     if found is None:
         return []
-    p, window = found
+    p, backward = found
     plan = sac_plan.suggested(p)
     whole = sac_plan.point(p, frozenset())
     if not plan.save or plan.recompute_flops >= whole.recompute_flops:
         return []
     peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
              if isinstance(e.get("data"), dict) and isinstance(e["data"].get("peak_bytes"), int)]
-    if peaks and window is not None:  # the measured baseline: the predicted peak saving
-        saving = max(peaks) - sac_plan.predicted_peak(max(peaks), window, p, plan)
+    if peaks and backward is not None:  # the measured baseline: the predicted peak saving
+        saving = max(peaks) - sac_plan.predicted_peak(max(peaks), backward, p, plan)
     else:
         saving = p.saved_bytes * p.blocks - plan.activation_bytes
     if saving <= 0:

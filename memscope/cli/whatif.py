@@ -77,6 +77,12 @@ def _suggestions(reader: RunReader) -> tuple[list[Any], str | None, dict[str, An
     return suggestions, None, chosen
 
 
+def run_options(steps: int) -> dict[str, Any]:
+    """The agent options of every whatif run (baseline and trials): ``steps`` steps, the exact
+    tensor peak from step 1, layers profiled from step 1, no inventories."""
+    return {"max_steps": steps, "layers_every": 1, "layers_first": 1, "inventory_every": 0, "tensor_peak": True}
+
+
 def run(args: argparse.Namespace) -> int:
     techniques = _techniques(args.techniques)
     if args.steps < 2:
@@ -94,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"whatif: --db-dir {args.db_dir}: not writable")
     workdir = args.db_dir or tempfile.mkdtemp(prefix="memscope-whatif-")
     stem = os.path.splitext(os.path.basename(args.script))[0]
-    options = {"max_steps": args.steps, "layers_every": 1, "layers_first": 1, "inventory_every": 0,
-               "tensor_peak": True}
+    options = run_options(args.steps)
 
     if techniques == ["fix_leak"]:
         return _fix_leak(args, workdir)

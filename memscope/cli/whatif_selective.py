@@ -16,7 +16,7 @@ from memscope.units import human_bytes
 @dataclass
 class SelectiveTrial:
     profile: sac_plan.BlockProfile | None = None
-    window_peak: int | None = None
+    backward: sac_plan.Backward | None = None
     baseline_peak: int | None = None
     plan: sac_plan.Point | None = None
     curve: list[sac_plan.Point] = field(default_factory=list)
@@ -30,9 +30,12 @@ class SelectiveTrial:
         except ValueError as exc:
             return cls(why=str(exc))
         if found is None:
-            return cls(why="the baseline recorded no block profile (no repeated blocks called under grad)")
-        profile, window = found
-        return cls(profile, window, baseline_peak, sac_plan.suggested(profile), sac_plan.curve(profile))
+            refused = [e["data"].get("why") for e in reader.events("technique") if isinstance(e.get("data"), dict)
+                       and e["data"].get("technique") == "sac_profile" and e["data"].get("why")]
+            return cls(why=str(refused[0]) if refused else
+                       "the baseline recorded no block profile (no repeated blocks called under grad)")
+        profile, backward = found
+        return cls(profile, backward, baseline_peak, sac_plan.suggested(profile), sac_plan.curve(profile))
 
     @property
     def ok(self) -> bool:
@@ -43,9 +46,9 @@ class SelectiveTrial:
         return list(self.plan.save or ()) if self.plan is not None else []
 
     def predicted(self, pt: sac_plan.Point) -> int | None:
-        if self.profile is None or self.baseline_peak is None or self.window_peak is None:
+        if self.profile is None or self.baseline_peak is None or self.backward is None:
             return None
-        return sac_plan.predicted_peak(self.baseline_peak, self.window_peak, self.profile, pt)
+        return sac_plan.predicted_peak(self.baseline_peak, self.backward, self.profile, pt)
 
     def as_json(self) -> dict[str, Any]:
         if self.profile is None or self.plan is None:

@@ -121,9 +121,12 @@ class FakeRunner:
 
     def run(self, script: str, args: Sequence[str], *, steps: int = 2, techniques: Sequence[str] = (),
             checkpoint_blocks: list[str] | str | None = None, dataloader_batch: int | None = None,
-            gpu_memory: int | None = None, pretend_cuda: bool = True, cwd: str | None = None) -> FakeResult:
+            gpu_memory: int | None = None, pretend_cuda: bool = True, cwd: str | None = None,
+            sac_save: list[str] | None = None, sac_profile: bool = False) -> FakeResult:
         """One fake run of ``python SCRIPT ARGS``; raises UserError only when memscope itself
-        could not run it (a script that fails is a result with ``ok`` False)."""
+        could not run it (a script that fails is a result with ``ok`` False). ``sac_save``:
+        selective checkpointing of the repeated blocks, keeping those ops' outputs;
+        ``sac_profile``: profile the first block op by op (the result's ``sac_profile``)."""
         self.count += 1
         stem = f"trial-{self.count}"
         req: dict[str, Any] = {"id": self.count, "script": script, "args": list(args), "cwd": cwd or os.getcwd(),
@@ -131,7 +134,7 @@ class FakeRunner:
                "log": os.path.join(self.workdir, stem + ".log"), "steps": steps,
                "techniques": list(techniques), "checkpoint_blocks": checkpoint_blocks,
                "dataloader_batch": dataloader_batch, "gpu_memory": gpu_memory,
-               "pretend_cuda": pretend_cuda}
+               "pretend_cuda": pretend_cuda, "sac_save": sac_save, "sac_profile": sac_profile}
         proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
         try:

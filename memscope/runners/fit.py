@@ -9,8 +9,9 @@ techniques that make the current batch fit, each measured by fake runs of the un
 3. Plans for the current batch: every combination of bf16 autocast, checkpointing of the
    repeated blocks and a lighter optimizer is a fake run with the technique applied
    (memscope.agent.whatif.techniques, the code ``whatif`` measures real runs with); checkpointing
-   is cut to the fewest blocks that fit; gradient accumulation is a fake run at the smaller
-   micro-batch; ZeRO stages over ``--world-size`` ranks are computed from what was live at the
+   is cut to the fewest blocks that fit; selective checkpointing is planned from one block's op
+   profile and its plans tried, least recompute first, until one fits; gradient accumulation is
+   a fake run at the smaller micro-batch; ZeRO stages over ``--world-size`` ranks are computed from what was live at the
    peak. Ranked by memscope.analysis.fit.rank.
 
 Never imports torch.
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from memscope.analysis import fit as planning
+from memscope.analysis import sac_plan
 from memscope.analysis.fit import Allowance, BatchArgument, Plan
 from memscope.errors import UserError
 from memscope.runners.fake_estimate import FakeResult, FakeRunner
@@ -38,6 +40,7 @@ from memscope.units import human_bytes, parse_size
 SHOWN = 4  # plans shown after the cheapest that fits (--json has them all)
 MAX_TRIALS = 40  # fake runs per fit, all searches together
 BATCH_TRIALS = 14  # of which the batch search
+SELECTIVE_TRIALS = 3  # selective-checkpointing plans tried, least recompute first
 ADAM = ("Adam", "AdamW")
 
 
@@ -77,8 +80,10 @@ class _Trials:
         self.failures: list[str] = []
 
     def run(self, batch: int | None, techniques: Sequence[str] = (),
-            checkpoint: list[str] | str | None = None) -> FakeResult | None:
-        key = (batch, tuple(sorted(techniques)), tuple(checkpoint) if isinstance(checkpoint, list) else checkpoint)
+            checkpoint: list[str] | str | None = None, sac: list[str] | None = None,
+            profile: bool = False) -> FakeResult | None:
+        key = (batch, tuple(sorted(techniques)), tuple(checkpoint) if isinstance(checkpoint, list) else checkpoint,
+               tuple(sac) if sac is not None else None, profile)
         if key in self.cache:
             return self.cache[key]
         if self.count >= MAX_TRIALS:
@@ -94,9 +99,11 @@ class _Trials:
                 loader = batch
         result = self.runner.run(self.script, args, steps=self.steps, techniques=techniques,
                                  checkpoint_blocks=checkpoint, dataloader_batch=loader,
-                                 gpu_memory=self.budget, pretend_cuda=self.pretend_cuda)
+                                 gpu_memory=self.budget, pretend_cuda=self.pretend_cuda,
+                                 sac_save=sac, sac_profile=profile)
         if not result.ok:
-            what = " + ".join([*techniques, *(["checkpointing"] if checkpoint else [])]) or "as is"
+            what = " + ".join([*techniques, *(["checkpointing"] if checkpoint else []),
+                               *(["selective checkpointing"] if sac is not None else [])]) or "as is"
             self.failures.append(f"batch {batch}, {what}: {result.error or result['status']} "
                                  f"(log: {result.log})")
             self.cache[key] = None
@@ -138,7 +145,7 @@ def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
                          "DataLoader's batch_size): name it with --batch-arg to search the micro-batch")
         trials = _Trials(runner, script, args, batch, steps, pretend_cuda, budget)
         b0 = batch.value if batch else None
-        trials.cache[(b0, (), None)] = base
+        trials.cache[(b0, (), None, None, False)] = base
         points: dict[int, int] = {}
         max_batch = None
         if batch is not None:
@@ -182,6 +189,7 @@ class _Measured:
     micro: int | None  # the micro-batch of the run
     names: list[str]  # the agent techniques of the run (mixed_precision, lighter_optimizer)
     checkpoint: list[str] | str | None  # its checkpointing request
+    sac: list[str] | None = None  # selective checkpointing: the ops whose outputs are kept
 
 
 def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world: int,
@@ -240,6 +248,8 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
                 techs_j = techniques_of(names, fewer[0], fewer[1])
                 if techs_j is not None:
                     measured.append(_Measured(techs_j, fewer[1], b0, names, fewer[0]))
+    if blocks and base.gpu_peak_rounded > usable:
+        measured += _selective(trials, b0, usable)
     if b0 is not None and b0 > 1:
         found = 0
         for m in sorted(list(measured), key=lambda m: planning.score(m.techniques, 0.33)):
@@ -254,7 +264,7 @@ def _plans(trials: _Trials, base: FakeResult, b0: int | None, usable: int, world
     for m in measured:
         r, techs = m.run, m.techniques
         fps = _flops_per_sample(r, m.micro)
-        has_ckpt = m.checkpoint is not None
+        has_ckpt = m.checkpoint is not None or m.sac is not None
         extra = max(0.0, fps / base_fps - 1) if (has_ckpt and fps and base_fps) else (0.33 if has_ckpt else None)
         plans.append(Plan(techs, r.gpu_peak_rounded, r.gpu_peak_rounded <= usable,
                           planning.describe_cost(techs, extra), planning.score(techs, extra or 0.0)))
@@ -317,6 +327,34 @@ def _fewest_blocks(trials: _Trials, b0: int | None, names: list[str], blocks: li
     return blocks[:k], seen[k]
 
 
+def _selective(trials: _Trials, b0: int | None, usable: int) -> list[_Measured]:
+    """Selective checkpointing of every repeated block, planned from the first block's op
+    profile (a fake run of the script as it is with the profile on; fake tensors have shapes,
+    which is all the profile reads): the selective plans on the curve that recompute fewer FLOPs
+    than whole-block checkpointing, the fewest first, each a fake run, until one fits."""
+    prof = trials.run(b0, (), None, profile=True)
+    data = prof.data.get("sac_profile") if prof is not None else None
+    if not isinstance(data, dict):
+        return []
+    try:
+        p = sac_plan.parse_profile(data)
+    except ValueError:
+        return []
+    whole = sac_plan.point(p, frozenset())
+    pts = sorted((pt for pt in sac_plan.curve(p) if pt.save and pt.blocks == p.blocks
+                  and pt.recompute_flops < whole.recompute_flops), key=lambda pt: pt.recompute_flops)
+    out: list[_Measured] = []
+    for pt in pts[:SELECTIVE_TRIALS]:
+        r = trials.run(b0, (), None, list(pt.save or ()))
+        if r is None or not any(t.get("technique") == "selective_checkpointing" and t.get("applied")
+                                for t in r["techniques"] or []):
+            continue
+        out.append(_Measured([sac_plan.technique_json(p, pt)], r, b0, [], None, list(pt.save or ())))
+        if r.gpu_peak_rounded <= usable:
+            break
+    return out
+
+
 def _accumulate(trials: _Trials, b0: int, m: _Measured, usable: int) -> _Measured | None:
     """The fewest accumulation steps k (dividing the batch) whose micro-batch b0/k fits with
     these techniques, checked by a fake run; the next k predicted linearly in the micro-batch
@@ -326,12 +364,12 @@ def _accumulate(trials: _Trials, b0: int, m: _Measured, usable: int) -> _Measure
     for _ in range(3):
         if k is None:
             return None
-        run = trials.run(b0 // k, m.names, m.checkpoint)
+        run = trials.run(b0 // k, m.names, m.checkpoint, m.sac)
         if run is None:
             return None
         if run.gpu_peak_rounded <= usable:
             return _Measured([*m.techniques, planning.accumulation(k, b0 // k, b0)], run, b0 // k,
-                             m.names, m.checkpoint)
+                             m.names, m.checkpoint, m.sac)
         slope = (m.run.gpu_peak_rounded - run.gpu_peak_rounded) / (b0 - b0 // k)
         if slope <= 0:
             return None
@@ -400,6 +438,11 @@ def describe_techniques(techniques: Sequence[dict[str, Any]]) -> str:
             bl = t["blocks"]
             span = bl[0] if len(bl) == 1 else f"{bl[0]}..{bl[-1].rsplit('.', 1)[-1]}"
             words.append(f"checkpoint {span}" + (f" ({len(bl)}/{t['of']})" if t.get("container") else ""))
+        elif kind == "selective_checkpointing":
+            bl = t["blocks"]
+            span = bl[0] if len(bl) == 1 else f"{bl[0]}..{bl[-1].rsplit('.', 1)[-1]}"
+            keep = ", ".join(op.split(".", 1)[-1] for op in t["save"])
+            words.append(f"selective {span} (keep {keep})")
         elif kind == "gradient_accumulation":
             words.append(f"accumulate {t['steps']} x {t['micro_batch']}")
         elif kind == "sharding":

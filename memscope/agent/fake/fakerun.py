@@ -85,9 +85,12 @@ class FakeRun:
         self.block_list: list[str] = []
         self.block_container = ""
         self.main: Any = None  # the model: the first outermost module with parameters
+        sac = req.get("sac_save")
         self.host = _Host(AgentOptions.from_mapping(
             {"try_techniques": [t for t in req.get("techniques", []) if t != "activation_checkpointing"]
-             + (["activation_checkpointing"] if req.get("checkpoint_blocks") == "*" else [])}))
+             + (["activation_checkpointing"] if req.get("checkpoint_blocks") == "*" else [])
+             + (["selective_checkpointing"] if isinstance(sac, list) else []),
+             "sac_save": sac if isinstance(sac, list) else None, "sac_profile": bool(req.get("sac_profile"))}))
         self.checkpoint_names = req.get("checkpoint_blocks") if isinstance(req.get("checkpoint_blocks"), list) else None
         self.totals = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
         self.optimizer_names: list[str] = []
@@ -450,7 +453,9 @@ class FakeRun:
             "argparse": self.parsers,
             "dataloader_batches": self.loader_batches,
             "placeholders": [{"site": k, **v} for k, v in self.accounting.placeholders.items()],
-            "techniques": [e["data"] for e in self.host.events if isinstance(e.get("data"), dict)],
+            "techniques": [e["data"] for e in self.host.events
+                           if isinstance(e.get("data"), dict) and e["kind"] == "technique"],
+            "sac_profile": next((e["data"] for e in self.host.events if e["kind"] == "sac_profile"), None),
             "diverted": self.sandbox.listing(),
             "elapsed_s": round(elapsed, 3),
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

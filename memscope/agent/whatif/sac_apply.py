@@ -44,15 +44,16 @@ def apply(agent: Any, root: Any, technique: str, patch: Callable[..., None], pea
     from memscope.agent.whatif.techniques import choose_blocks
 
     container, blocks = choose_blocks(root)
-    if not blocks:
-        why = "no repeated blocks (a ModuleList / Sequential of same-type modules)"
+    why = ("no repeated blocks (a ModuleList / Sequential of same-type modules)" if not blocks
+           else _compiled(root, blocks))
+    if why:
         agent.event("technique", f"{technique}: not applied: {why}",
                     {"technique": technique, "applied": False, "why": why})
         return
     if technique == "sac_profile":
         _profile_first(agent, container, blocks, patch)
         if peak is not None:
-            _live_at_last_backward(agent, blocks[-1], patch, peak)
+            _live_in_backward(agent, blocks, patch, peak)
         return
     save = agent.options.sac_save if agent.options.sac_save is not None else default_save()
     if agent.options.sac_blocks:
@@ -73,6 +74,22 @@ def apply(agent: Any, root: Any, technique: str, patch: Callable[..., None], pea
                              f"{container}[0..{len(blocks) - 1}], saving {', '.join(save) or 'nothing'}",
                 {"technique": "selective_checkpointing", "applied": True, "container": container,
                  "blocks": len(blocks), "save": list(save)})
+
+
+def _compiled(root: Any, blocks: list[Any]) -> str:
+    """Why not, when the blocks run compiled: Dynamo would trace the wrapper (a checkpoint with
+    a ``context_fn`` under torch.compile is its own feature, with its own warning into the
+    script's output) and the profile's dispatch mode; a compiled model is left as it is."""
+    from memscope.agent.torchcompat.compiled import is_compiling, optimized_module_type
+
+    compiled = optimized_module_type()
+    for m in [root, *blocks]:
+        if (compiled is not None and isinstance(m, compiled)) or getattr(m, "_compiled_call_impl", None) is not None:
+            return ("the model runs under torch.compile: selective checkpointing inside a compiled "
+                    "region is torch.compile's to plan (the code printed applies to the eager model)")
+    if is_compiling():
+        return "called while torch.compile traces the model"
+    return ""
 
 
 def _profile_first(agent: Any, container: str, blocks: list[Any], patch: Callable[..., None]) -> None:
@@ -99,52 +116,75 @@ def _profile_first(agent: Any, container: str, blocks: list[Any], patch: Callabl
     patch(type(first), "sac_profile", first, wrap)
 
 
-def _live_at_last_backward(agent: Any, last: Any, patch: Callable[..., None], peak: Any) -> None:
-    """Once, in a step whose tensor peak is measured: the live tensor bytes when the gradient of
-    the last block's output is ready (its backward, the first to recompute under
-    checkpointing, is about to start) and the most live bytes until its input's gradient is
-    ready (the step's running peak is reset for that window and restored after), as a
-    ``sac_live`` event. Hooks on the output and input tensors, holding nothing but the counter."""
-    done: list[bool] = []
+def _live_in_backward(agent: Any, blocks: list[Any], patch: Callable[..., None], peak: Any) -> None:
+    """Once, in a step whose tensor peak is measured: for every block, the live tensor bytes when
+    its forward began, when the gradient of its output is ready (its backward, where checkpointing recomputes it, is
+    about to start) and the most live bytes until its input's gradient is ready, and the step's
+    peak before the first of these (its forward), as a ``sac_live`` event. The step's running
+    peak is reset for each window and restored after. Hooks on the blocks' output tensors and
+    the first block's input, holding nothing but the counter; a block called out of order, or
+    a window left open, gives no event and leaves the step's peak as it was."""
+    n = len(blocks)
+    index = {id(b): k for k, b in enumerate(blocks)}
+    state: dict[str, Any] = {"next": 0, "done": False, "open": None, "windows": {}}
+
+    def boundary(opens: int | None) -> Callable[[Any], None]:
+        # the gradient of a block boundary is ready: close the window of the block after it (if
+        # open) and open the window of the block before it (None: the first block's input)
+        def hook(grad: Any) -> None:
+            try:
+                with peak._lock:
+                    if state["open"] is not None:
+                        state["windows"][state["open"]] = (state["live"], peak.peak)
+                        best = max(state["before"], peak.peak)
+                    elif opens == n - 1:
+                        best = peak.peak
+                        state["forward"] = best
+                    else:
+                        return  # out of order: nothing was reset
+                    if opens is not None and (state["open"] is None or opens == state["open"] - 1):
+                        state.update(open=opens, before=best, live=peak.total)
+                        peak.peak = peak.total
+                        return
+                    peak.peak = best
+                    state["open"] = None
+                if opens is None and len(state["windows"]) == n:
+                    w = [state["windows"][k] for k in range(n)]
+                    agent.event("sac_live", f"step {state['step']}: {w[-1][0]} live tensor bytes at the last "
+                                            f"block's backward, {w[-1][1]} at most during it",
+                                {"step": state["step"], "live_bytes": w[-1][0], "window_peak": w[-1][1],
+                                 "forward_peak": state["forward"], "blocks": [list(x) for x in w],
+                                 "forward_starts": state["starts"]})
+            except Exception:
+                pass
+        return hook
 
     def wrap(orig: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> Any:
+        start = peak.total
         out = orig(module, *args, **kwargs)
-        if done or not torch.is_grad_enabled() or not peak.active or not isinstance(out, torch.Tensor) \
-                or not out.requires_grad:
+        if state["done"] or not torch.is_grad_enabled() or not peak.active:
             return out
-        done.append(True)
-        step = peak.step
-        state: dict[str, int] = {}
-
-        def start(grad: Any) -> None:  # the last block's backward begins: a window on the peak
-            try:
-                with peak._lock:
-                    state["live"], state["before"] = peak.total, peak.peak
-                    peak.peak = peak.total
-            except Exception:
-                pass
-
-        def end(grad: Any) -> None:  # its input's gradient is ready: the window closes
-            if "live" not in state or "window" in state:
-                return
-            try:
-                with peak._lock:
-                    state["window"] = peak.peak
-                    peak.peak = max(peak.peak, state["before"])
-                agent.event("sac_live", f"step {step}: {state['live']} live tensor bytes at the last "
-                                        f"block's backward, {state['window']} at most during it",
-                            {"step": step, "live_bytes": state["live"], "window_peak": state["window"]})
-            except Exception:
-                pass
-
-        x = args[0] if args else None
-        if not (isinstance(x, torch.Tensor) and x.requires_grad):
-            return out  # no end to the window: the step's peak must not be reset
+        k = index.get(id(module))
         try:
-            x.register_hook(end)
-            out.register_hook(start)
+            state.setdefault("starts", []).append(start)
+            if k is None or k != state["next"] or (k == 0 and "step" in state):
+                state["done"] = True  # out of order: the hooks registered so far find no open window
+                return out
+            x = args[0] if args else None
+            if not (isinstance(out, torch.Tensor) and out.requires_grad and isinstance(x, torch.Tensor)
+                    and x.requires_grad):
+                state["done"] = True
+                return out
+            if k == 0:
+                state["step"] = peak.step
+                x.register_hook(boundary(None))
+            out.register_hook(boundary(k))
+            state["next"] = k + 1
+            if k == n - 1:
+                state["done"] = True
         except Exception:
-            pass
+            state["done"] = True
         return out
 
-    patch(type(last), "sac_live", last, wrap)
+    for b in blocks:
+        patch(type(b), "sac_live", b, wrap)

@@ -55,9 +55,12 @@ class BlockProfile:
         self.ops: list[dict[str, Any]] = []
         self.sizes: list[int] = []  # storage number -> bytes
         self.made: list[bool] = []  # storage number -> created by an op of the block
+        self.died: list[int | None] = []  # storage number -> ops run when it was freed (None: outlived the forward)
         self.saved: set[int] = set()
         self.last_pack = 0  # ops run before the last pack: where recomputation stops early
         self._refs: dict[int, tuple[int, Any]] = {}  # id(storage) -> (number, weakref)
+        self._recording = True
+        self.calls: list[list[Any]] = []  # [first op, ops run at return, [output storages]]
         self._formulas = formulas()
 
     @unseen
@@ -72,9 +75,21 @@ class BlockProfile:
             n = len(self.sizes)
             self.sizes.append(nbytes)
             self.made.append(made)
-            self._refs[key] = (n, weakref.ref(st))
+            self.died.append(None)
+            self._refs[key] = (n, weakref.ref(st, self._freed(n)))
             found.append(n)
         return found
+
+    def _freed(self, n: int) -> Callable[[Any], None]:
+        # when a storage dies during the forward: how high the block's own tensors stack up
+        # when the forward is rerun in backward (memscope.analysis.sac_plan.BlockProfile.rerun_bytes)
+        def callback(ref: Any) -> None:
+            try:
+                if self._recording:
+                    self.died[n] = len(self.ops)
+            except Exception:
+                pass
+        return callback
 
     def _tensors(self, obj: Any) -> list[torch.Tensor]:
         from torch.utils._pytree import tree_leaves
@@ -116,12 +131,37 @@ class BlockProfile:
                 pass
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with _Mode():
-                out = fn(*args, **kwargs)
-        self._refs = {}
-        return out
+        # each submodule call, as (first op, ops run at its return, its output's storages): what
+        # a call made and did not return dies with its locals when it returns, had autograd not
+        # kept it (which checkpointing does not): memscope.analysis.sac_plan reads it so
+        stack: list[int] = []
+
+        def enter(module: Any, inputs: Any) -> None:
+            stack.append(len(profile.ops))
+
+        def leave(module: Any, inputs: Any, output: Any) -> None:
+            try:
+                first = stack.pop()
+                outs = sorted({n for t in profile._tensors(output) for n in profile._number(t, True)})
+                profile.calls.append([first, len(profile.ops), outs])
+            except Exception:
+                pass
+
+        from torch.nn.modules import module as nn_module
+
+        handles = []
+        try:
+            handles = [nn_module.register_module_forward_pre_hook(enter), nn_module.register_module_forward_hook(leave)]
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with _Mode():
+                    return fn(*args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+            self._recording = False
+            self._refs = {}  # dropping the weakrefs drops their callbacks
 
     def as_json(self) -> dict[str, Any]:
-        return {"ops": self.ops, "storages": [{"bytes": b, "made": m} for b, m in zip(self.sizes, self.made)],
-                "saved": sorted(self.saved), "last_pack": self.last_pack}
+        return {"ops": self.ops, "storages": [{"bytes": b, "made": m, "died": d}
+                                              for b, m, d in zip(self.sizes, self.made, self.died)],
+                "saved": sorted(self.saved), "last_pack": self.last_pack, "calls": self.calls}

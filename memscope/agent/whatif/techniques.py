@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -135,11 +136,13 @@ class TensorPeak:
             self.step = step
             self.live, self._refs = {}, set()
             self.total = self.peak = self.uncounted = 0
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor):
-                self.add(obj)
-                if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
-                    self.add(obj.grad)
+        with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns
+            warnings.simplefilter("ignore")  # (torch.distributed.reduce_op): not into the script's output
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.Tensor):
+                    self.add(obj)
+                    if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
+                        self.add(obj.grad)
         self.start = self.total
         self.active = True
         self._mode = _Mode()
