@@ -1,7 +1,8 @@
 """torch.compile: ``compile.py OUT VARIANT [VARIANT ...]``, the variants one after another in
 one process (8 steps each, numbered on: the second variant's steps are 8-15), each on a fresh
-model, with Dynamo reset and its counters cleared before each but the first, so each compiles its own graphs
-and saves its own counts. One process pays for importing torch and Dynamo once.
+model, with Dynamo's code caches and counters cleared before each but the first, so each
+compiles its own graphs and saves its own counts. One process pays for importing torch and
+Dynamo once.
 
 fullgraph  aot_eager, fullgraph=True (a hook Dynamo cannot trace fails the run)
 dynamic    aot_eager, dynamic=True, a batch size that changes every step
@@ -12,6 +13,7 @@ function   aot_eager on a function that calls the model (no compiled module), ev
 inplace    aot_eager in place: model.compile()
 """
 
+import gc
 import io
 import sys
 from typing import Any
@@ -54,8 +56,13 @@ class Net(nn.Module):
 
 def train(variant: str, first: bool) -> dict[str, Any]:
     if not first:  # the first one imports Dynamo by compiling, as a script alone does
-        torch._dynamo.reset()
+        # compiled code and the automatic-dynamic state dropped (torch._dynamo.reset() would also
+        # unregister every compile start/end callback: memscope's shield among them)
+        torch._dynamo.reset_code_caches()
         torch._dynamo.utils.counters.clear()
+        # and the last variant's model gone, as in a script of its own (model.compile() makes a
+        # reference cycle): a second model alive would be named apart by its class ("Net.body")
+        gc.collect()
     seed()
     model = Net(graph_break=variant == "submodule")
     if variant == "fullgraph":
