@@ -25,7 +25,7 @@ HEAVY: dict[str, float] = {
     "tests/compat/test_compile.py": 170,
     "tests/compat/test_agent_edges.py": 165,
     "tests/compat/test_frameworks.py": 160,
-    "tests/test_advice_accuracy.py": 110,  # these three measured under a load of about 2
+    "tests/test_advice_accuracy.py": 110,  # under a load of about 2, as the two oom files
     "tests/compat/test_distributed.py": 95,
     "tests/compat/test_options.py": 85,
     "tests/test_oom_at_failure.py": 75,
