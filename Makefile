@@ -52,7 +52,7 @@ test-deps:
 TEST_JOBS ?= auto
 test: $(TSTAMP) test-deps lint
 	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails
 docs: $(STAMP)

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from suite_order import heaviest_first
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 EXAMPLES = ROOT / "examples"
@@ -26,6 +28,7 @@ def has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    heaviest_first(items)  # for make test's xdist workers (tests/suite_order.py)
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")

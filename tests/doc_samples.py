@@ -260,6 +260,27 @@ def run_group(group: str, blocks: list[Block]) -> dict[tuple[int, int], list[str
         ws.close()
 
 
+# make test's two workers each take whole files: the groups rerun by tests/test_readme_samples_more.py
+# (the others by tests/test_readme_samples.py), chosen so the halves take about equal time (measured
+# alone: oom, whatif, ranks, tiny_gpt, ckpt, short, total_loss ~360 s; these ~370 s)
+SECOND_FILE = {"fit", "leaky", "diff", "workers", "numpy_history", "accumulate", "compile", "estimate"}
+
+
+def stale(group: str, blocks: list[Block]) -> list[str]:
+    """The group's samples that differ from what the program prints now, each said with its
+    place, its command, the first differences and the whole output."""
+    members = [b for b in blocks if b.group == group]
+    results = run_group(group, members)
+    problems = []
+    for b, block in enumerate(members):
+        for c, (command, want) in enumerate(block.commands):
+            diff = differences(want, results[(b, c)])
+            if diff:
+                got = "\n".join(results[(b, c)])
+                problems.append(f"{block.where()}: $ {command}\n" + "\n".join(diff[:5]) + f"\n--- output:\n{got}")
+    return problems
+
+
 def _key(block: Block) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
     return block.group, tuple(c for c, _ in block.commands), tuple(sorted(block.options.items()))
 
