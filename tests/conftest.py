@@ -70,6 +70,17 @@ def report_json(db: Path | str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+@pytest.fixture(scope="session")
+def oom_example_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run of examples/oom.py: 3 completed steps, then a CPU allocator OOM in the forward
+    of step 3 (read, never written, by the tests that share it)."""
+    db = tmp_path_factory.mktemp("oom-example") / "run.db"
+    out = memscope("attach", "--headless", "--sample-hz", "50", "--db", str(db),
+                   str(EXAMPLES / "oom.py"), "--fail-step", "3")
+    assert out.returncode == 1, out.stderr
+    return db
+
+
 @pytest.fixture
 def run_db(tmp_path: Path) -> Path:
     return tmp_path / "run.db"

@@ -10,17 +10,13 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, memscope, torchrun
+from conftest import SCRIPTS, memscope, torchrun
 
 
 @pytest.fixture(scope="module")
-def oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def oom_run(oom_example_run: Path) -> Path:
     """A real run: 3 completed steps, then a CPU allocator OOM in the forward of step 3."""
-    db = tmp_path_factory.mktemp("oom") / "run.db"
-    out = memscope("attach", "--headless", "--sample-hz", "50", "--db", str(db),
-                   str(EXAMPLES / "oom.py"), "--fail-step", "3")
-    assert out.returncode == 1, out.stderr
-    return db
+    return oom_example_run
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, memscope
+from conftest import memscope
 from memscope.store.column_checks import BOUNDS, columns_clean
 from memscope.store.reader import _BOUNDS, RunReader
 
@@ -22,12 +22,8 @@ FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("real") / "run.db"
-    out = memscope("attach", "--headless", "--sample-hz", "50", "--db", str(db),
-                   str(EXAMPLES / "oom.py"), "--fail-step", "3")
-    assert out.returncode == 1, out.stderr
-    return db
+def real_run(oom_example_run: Path) -> Path:
+    return oom_example_run
 
 
 @pytest.fixture(scope="module")

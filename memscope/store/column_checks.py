@@ -20,14 +20,14 @@ from __future__ import annotations
 import sqlite3
 from typing import TYPE_CHECKING
 
+from memscope.store.reader import _BOUNDS
 from memscope.store.step_stats import scan_source
 
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
 
-# RunReader's bounds (reader._BOUNDS) for the columns the exports read
-_TIME, _COUNT = 1e12, 2 ** 40
-BOUNDS = {"t": _TIME, "start": _TIME, "end": _TIME, "step": _COUNT}
+# RunReader's bounds for the columns the exports read (one table of bounds, not a copy)
+BOUNDS = {c: _BOUNDS[c] for c in ("t", "start", "end", "step")}
 
 
 def columns_clean(reader: "RunReader", table: str, proc: int, times: tuple[str, ...] = (),
