@@ -87,6 +87,14 @@ def child_environment() -> dict[str, str]:
              if p and "memscope/agent/runtime/bootstrap" not in p]
     env["PYTHONPATH"] = os.pathsep.join([*parts, here])
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A fake run never touches a real GPU, on a GPU machine too: the GPU it sizes is the pretend
+    # one (memscope.agent.fake.fake_cuda), as on every CPU machine. Hidden, the real GPUs cannot
+    # be initialised by the server (its forked trials then all failed, "CUDA error:
+    # initialization error", seen on an H100 machine), take no memory from a training running
+    # on them, and give the same estimate as a CPU machine. NVML answers is_available() without
+    # initialising the driver should anything still ask.
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     return env
 
 

@@ -408,6 +408,10 @@ class FakeRun:
                 error = f"the script exited with status {code}"
         except BaseException as exc:  # the script failed under the fake run: say where
             status, error = "error", _describe(exc, self.script)
+            try:  # the whole traceback in the trial's log, which the error line points to
+                traceback.print_exception(exc, file=sys.stderr)
+            except Exception:
+                pass
         if status == "ended" and len(self.steps) >= self.want_steps:
             status = "ok"
         return self.result(status, error, code, time.perf_counter() - started)
@@ -509,10 +513,20 @@ def child(req: dict[str, Any]) -> int:
     return 0
 
 
+def _accelerator_build() -> bool:
+    """A torch built with CUDA (or ROCm). There a backward in the server would start autograd's
+    device threads (asking the driver for its devices): every forked trial then fails, with
+    "CUDA error: initialization error" on a GPU machine and "Unable to handle autograd's
+    threading in combination with fork-based multiprocessing" without one (both seen on an H100
+    machine; a CPU-only torch has neither)."""
+    return torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
+
+
 def _warm_up() -> None:
     """Import and initialise, once, what every trial would otherwise load again (FakeTensorMode
     imports torch._dynamo; meta kernels and decompositions load lazily): a small fake training
-    step with autocast and checkpointing. Nothing it patches or registers outlives it."""
+    step with autocast and checkpointing (its backward only on a CPU-only torch, see
+    _accelerator_build). Nothing it patches or registers outlives it."""
     import torch.utils.checkpoint
     import torch.utils.data  # noqa: F401
 
@@ -523,8 +537,10 @@ def _warm_up() -> None:
             x = torch.randn(4, 8)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 y = torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False)
-            torch.nn.functional.cross_entropy(y.float(), torch.randint(0, 8, (4,))).backward()
-            opt.step()
+            loss = torch.nn.functional.cross_entropy(y.float(), torch.randint(0, 8, (4,)))
+            if not _accelerator_build():
+                loss.backward()
+                opt.step()
     except Exception:
         pass
 
