@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ class Host:
         self.running = False
 
 
-def record_built_oom(monkeypatch: pytest.MonkeyPatch, conf: str = "") -> dict[str, Any]:
+def record_built_oom(monkeypatch: pytest.MonkeyPatch, conf: str = "", observer_thread: bool = False,
+                     host_out: list[Any] | None = None) -> dict[str, Any]:
     """The real recorder on a CUDA OOM whose allocator readings are the built ones."""
     import torch
 
@@ -120,14 +122,34 @@ def record_built_oom(monkeypatch: pytest.MonkeyPatch, conf: str = "") -> dict[st
     rec.attach_cuda_observer()
     (observer,) = observers
     o = b["observer"]
-    observer(o["device"], o["requested_bytes"], o["device_limit"], o["device_free"])  # as the allocator does
+    reading = (o["device"], o["requested_bytes"], o["device_limit"], o["device_free"])
+    if observer_thread:  # a CUDA backward allocates on the autograd engine's thread
+        t = threading.Thread(target=observer, args=reading)
+        t.start()
+        t.join()
+    else:
+        observer(*reading)  # as the allocator does
     try:
         raise torch.OutOfMemoryError(b["message"])
     except torch.OutOfMemoryError as exc:
         rec.record(exc, exc.__traceback__, where="unhandled")
+    if host_out is not None:
+        host_out.append((host, rec))
     (kind, _message, data), = host.events
     assert kind == "oom"
     return data  # type: ignore[no-any-return]
+
+
+def test_an_observer_reading_from_the_autograd_thread_is_this_failure_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on an H100: a backward OOM's observer ran on the engine's device thread; the record
+    took the message's rounded size and the reading was left over (a second record)."""
+    held: list[Any] = []
+    d = record_built_oom(monkeypatch, observer_thread=True, host_out=held)
+    assert d["requested_bytes"] == GiB and d["requested_exact"] is True
+    assert d["device_limit_bytes"] == 85_032_419_328
+    host, rec = held[0]
+    rec.record_observed_leftovers(host)
+    assert len(host.events) == 1  # not recorded twice
 
 
 def test_recorder_reads_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:

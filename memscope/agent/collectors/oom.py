@@ -49,6 +49,7 @@ _CUDA_DEVICE = re.compile(r"GPU (\d+)")
 _UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
           "pib": 1024 ** 5, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
 _MARK = "_memscope_oom_recorded"
+OBSERVED_MAX_AGE_S = 30.0  # an observer reading from another thread older than this is another failure
 MAX_CENSUSES = 8  # at-failure censuses per process (a batch-size finder retries many times)
 _MODULE_FRAMES = {"forward", "_call_impl", "_wrapped_call_impl", "inner"}
 
@@ -296,6 +297,24 @@ class OomRecorder:
 
         attach(observer)
 
+    def _take_observed(self, requested: int | None) -> dict[str, Any] | None:
+        """The observer's reading of this failure. The allocator calls the observer on the thread
+        that allocated: a CUDA backward allocates on the autograd engine's device thread, not on
+        the thread that raises, so a reading from another thread is taken when it is recent and
+        its size is the message's (rounded to two decimals there); else it would be recorded a
+        second time as a leftover."""
+        mine = self._observed.pop(threading.get_ident(), None)
+        if mine is not None:
+            return mine
+        now = time.time()
+        for tid, obs in sorted(self._observed.items(), key=lambda kv: -kv[1]["t"]):
+            size = obs["requested_bytes"]
+            if now - obs["t"] > OBSERVED_MAX_AGE_S:
+                continue
+            if requested is None or abs(size - requested) <= 0.006 * size + 1024:
+                return self._observed.pop(tid, None)
+        return None
+
     # -- recording -----------------------------------------------------------------------------
 
     def seen(self, exc: BaseException) -> bool:
@@ -359,7 +378,7 @@ class OomRecorder:
                 phase = "other"
         message = first_line(exc)
         requested, exact = parse_requested(str(exc))
-        observed = self._observed.pop(threading.get_ident(), None)
+        observed = self._take_observed(requested)
         cuda = observed is not None or "cuda" in message.lower() or type(exc).__name__ == "OutOfMemoryError" \
             and "cpu" not in message.lower()
         data: dict[str, Any] = {
