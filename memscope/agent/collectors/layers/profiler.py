@@ -12,8 +12,8 @@ counted. The other parts: micro-batches (:mod:`.micro`), backward time (:mod:`.b
 On CUDA (only once the script initialised it), each counted call also reads the allocator's
 ``allocated`` bytes before and after, and its peak counter (never reset: resetting it would change
 the script's own ``max_memory_allocated``): ``alloc_delta`` is after minus before, ``alloc_peak``
-the highest allocated inside minus before, when the peak counter rose during the call (otherwise
-the higher of before and after).
+the highest allocated inside minus before, known only when the peak counter rose during the call
+(otherwise None: an earlier, higher peak hides it).
 """
 
 from __future__ import annotations
@@ -319,11 +319,14 @@ class LayerProfiler:
 
 def _cuda_call(st: ModuleStats, before: int, peak_before: int) -> None:
     after, peak_after = cuda_alloc()
-    # the peak counter is process-wide and never reset here: it says something about this
-    # call only when it rose during it
-    inside = peak_after if peak_after > peak_before else max(before, after)
     st.alloc_delta = (st.alloc_delta or 0) + after - before
-    st.alloc_peak = max(st.alloc_peak or 0, inside - before)
+    # The peak counter is process-wide and never reset here (the script's own
+    # max_memory_allocated must stay true): it tells this call's peak only when it rose during
+    # the call. Otherwise the peak is unknown and stays None: the higher of before and after
+    # (what was kept until a GPU run showed it) read as a peak of 64 KiB for a module whose
+    # 64 MiB temporary an earlier step had already counted.
+    if peak_after > peak_before:
+        st.alloc_peak = max(st.alloc_peak or 0, peak_after - before)
 
 
 def _drop_backward_frames(stack: list[list[Any]]) -> None:
