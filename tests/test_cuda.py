@@ -29,3 +29,51 @@ def test_real_allocator_counters() -> None:
     row = read_device_stats(0)
     assert row["allocated"] >= x.numel() and row["reserved"] >= row["allocated"]
     assert all(row[c] is not None for c in STAT_COLUMNS.values())
+    # the direct read of the nested counters is the public memory_stats(), column for column
+    assert row == parse_memory_stats(torch.cuda.memory_stats(0))
+    from memscope.agent.collectors.cuda import allocated_and_peak
+
+    assert allocated_and_peak() == (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
+    del x
+
+
+def nest(flat: dict[str, object]) -> dict[str, object]:
+    """memory_stats()'s flat keys back into the allocator's nested dict."""
+    out: dict[str, object] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})  # type: ignore[assignment]
+        node[last] = value
+    return out
+
+
+def test_nested_counters_read_as_the_flat_ones() -> None:
+    """Every reading captured on an H100 (tests/data/cuda_memory_stats_real.json): the nested
+    dict the sampler reads gives the same columns as torch's flattened memory_stats()."""
+    import json
+    from pathlib import Path
+
+    from memscope.agent.collectors.cuda import parse_nested_stats
+
+    capture = json.loads((Path(__file__).parent / "data" / "cuda_memory_stats_real.json").read_text())
+    assert capture["readings"]
+    for name, reading in capture["readings"].items():
+        flat = reading["memory_stats"]
+        want = parse_memory_stats(flat)
+        assert all(v is not None for v in want.values()), name
+        assert parse_nested_stats(nest(flat)) == want, name
+
+
+def test_the_estimate_on_a_gpu_is_the_one_the_docs_give() -> None:
+    """docs/measured.md quotes the GPU capture of make gpu-check (cuda_estimate_real.json)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    doc = json.loads((root / "tests" / "data" / "cuda_estimate_real.json").read_text())
+    real, est = doc["real_max_allocated"], doc["on_the_gpu"]["cuda_peak"]
+    text = " ".join((root / "docs" / "measured.md").read_text().split())
+    assert f"estimated {est / 2 ** 20:.1f} MiB" in text
+    assert f"`max_memory_allocated` {real / 2 ** 20:.1f} MiB ({est / real - 1:+.1%})" in text

@@ -128,12 +128,58 @@ def device_limit(index: int, simulated: int = 0) -> int | None:
     return min(total, simulated) if simulated else total
 
 
+def parse_nested_stats(raw: Mapping[str, Any]) -> dict[str, int | None]:
+    """:func:`parse_memory_stats` of the allocator's nested dict (``torch._C._cuda_memoryStats``:
+    ``raw["allocated_bytes"]["all"]["current"]`` for ``allocated_bytes.all.current``)."""
+    out: dict[str, int | None] = {}
+    for key, column in STAT_COLUMNS.items():
+        value: Any = raw
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        out[column] = int(value) if value is not None else None
+    return out
+
+
+def _raw_stats(index: int) -> Mapping[str, Any] | None:
+    """The allocator's nested counters, read directly. ``torch.cuda.memory_stats`` flattens and
+    sorts every counter and asks the driver for the device count on the way: about 0.2 ms of
+    the GIL per call measured on an H100 machine (the counters themselves: 30 µs), several
+    times a step."""
+    import torch
+
+    read = getattr(torch._C, "_cuda_memoryStats", None)
+    if read is None or not torch.cuda.is_initialized():
+        return None
+    raw = read(index)
+    return raw if isinstance(raw, Mapping) else None
+
+
 def read_device_stats(index: int) -> dict[str, int | None]:
     import torch
 
-    # memory_stats reads host-side allocator counters under the allocator's mutex: it never
-    # waits on the GPU, so it is safe from the sampler thread.
+    # reads host-side allocator counters under the allocator's mutex: it never waits on the
+    # GPU, so it is safe from the sampler thread.
+    try:
+        raw = _raw_stats(index)
+    except Exception:  # a torch whose private reader differs: the public one
+        raw = None
+    if raw is not None:
+        return parse_nested_stats(raw)
     return parse_memory_stats(torch.cuda.memory_stats(index))
+
+
+def allocated_and_peak() -> tuple[int, int]:
+    """(allocated, allocated peak) bytes of the current device, in one read of the counters."""
+    import torch
+
+    try:
+        raw = _raw_stats(torch.cuda.current_device())
+        if raw is not None:
+            row = raw["allocated_bytes"]["all"]
+            return int(row["current"]), int(row["peak"])
+    except Exception:
+        pass
+    return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
 
 
 class Nvml:

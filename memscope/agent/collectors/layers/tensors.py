@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from memscope.agent.collectors.cuda import allocated_and_peak
+
 
 def tensor_tree_bytes(obj: Any, depth: int = 0) -> int:
     """Bytes of the tensors in ``obj`` (a tensor, or tuples / lists / dicts of them)."""
@@ -85,4 +87,4 @@ def cuda_ready() -> bool:
 
 def cuda_alloc() -> tuple[int, int]:
     """(allocated, allocated peak) bytes of the current device: host-side counters only."""
-    return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
+    return allocated_and_peak()
