@@ -328,6 +328,23 @@ def test_fragmented_allocator_suggests_expandable_segments(tmp_path: Path) -> No
     assert got["optimizer_offload"].estimated_saving_bytes == 8 * GiB
 
 
+def test_fragmentation_read_before_the_script_freed_its_blocks(tmp_path: Path) -> None:
+    """The cache keeps its reserved bytes after the fragmented blocks are freed (their splits
+    merge): the sample at the highest reserved can read after that. Seen on an H100 running
+    fragment.py: no advice. A sample far under the peak (a warm-up) does not count."""
+    rows = [dict(allocated=2 * GiB, allocated_peak=2 * GiB, reserved=20 * GiB,
+                 inactive_split=15 * GiB, alloc_retries=0),  # far under the peak: not read
+            dict(allocated=26 * GiB, allocated_peak=30 * GiB, reserved=37 * GiB,
+                 inactive_split=6 * GiB, alloc_retries=1),  # the fragmented cache near the peak
+            dict(allocated=30 * GiB, allocated_peak=30 * GiB, reserved=38 * GiB,
+                 inactive_split=0, alloc_retries=1),  # blocks freed: the split is gone
+            dict(allocated=2 * GiB, allocated_peak=30 * GiB, reserved=38 * GiB,
+                 inactive_split=0, alloc_retries=1)]
+    frag = by_technique(suggestions(cuda_run(tmp_path / "freed.db", rows)))["allocator_config"]
+    assert frag.estimated_saving_bytes == 6 * GiB
+    assert "near the highest reserved memory (37.0 GiB reserved, 26.0 GiB allocated)" in frag.evidence
+
+
 def test_compact_allocator_gets_no_allocator_advice(tmp_path: Path) -> None:
     rows = [dict(allocated=26 * GiB, allocated_peak=30 * GiB, reserved=31 * GiB,
                  inactive_split=512 << 20, alloc_retries=0)]

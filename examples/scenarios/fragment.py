@@ -1,6 +1,7 @@
 """A CUDA training loop whose temporaries fragment the caching allocator: each step allocates
-many blocks of mixed sizes from the same segments, frees every other one and holds the rest a
-moment, leaving inactive split blocks (reserved memory no other request can use). CUDA only.
+pairs of blocks from shared segments, frees one of each pair and holds the rest a moment while
+larger blocks that fit in no hole take new segments, leaving inactive split blocks (reserved
+memory no other request can use). CUDA only.
 
     memscope attach --sample-hz 200 examples/scenarios/fragment.py
 """
@@ -8,7 +9,6 @@ moment, leaving inactive split blocks (reserved memory no other request can use)
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import torch
@@ -22,17 +22,18 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("fragment.py needs a CUDA GPU")
-    random.seed(0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _ in range(args.steps):
-        kept = []
-        for i in range(args.blocks):
-            # 1-9 MiB: large-pool blocks carved out of shared 20 MiB segments
-            t = torch.empty(random.randint(1 << 20, 9 << 20), dtype=torch.uint8, device="cuda")
-            if i % 2:
-                kept.append(t)
+        # pairs of 9 MiB blocks carved from shared 20 MiB segments (requests under 10 MiB share
+        # segments); freeing the first of each pair leaves a 9 MiB inactive split block per
+        # segment, and the 9.5 MiB blocks asked for next fit in none of them: new segments
+        pairs = [(torch.empty(9 << 20, dtype=torch.uint8, device="cuda"),
+                  torch.empty(9 << 20, dtype=torch.uint8, device="cuda")) for _ in range(args.blocks // 4)]
+        kept = [b for _a, b in pairs]
+        del pairs
+        kept += [torch.empty((19 << 20) // 2, dtype=torch.uint8, device="cuda") for _ in range(args.blocks // 4)]
         torch.cuda.synchronize()
         time.sleep(0.1)  # hold the holes while the sampler reads memory_stats()
         loss = model(torch.randn(64, 1024, device="cuda")).pow(2).mean()

@@ -11,8 +11,9 @@ FRAGMENTED_SHARE = 0.10  # inactive split bytes at least this share of reserved:
 def allocator_config(f: Facts) -> list[Suggestion]:
     """Inactive split blocks are reserved memory no allocation can reuse: fragmentation. Read at
     the OOM when the run had one (the cache held enough free bytes for the request but no block
-    that large, or split blocks were a large share of reserved), else at the highest reserved
-    sample. Not suggested when expandable segments are already on: they are the fix."""
+    that large, or split blocks were a large share of reserved), else at the sample near the highest
+    reserved memory where the most sat in split blocks. Not suggested when expandable segments are
+    already on: they are the fix."""
     if f.expandable_segments:
         return []
     d = f.oom_allocator
@@ -41,7 +42,7 @@ def allocator_config(f: Facts) -> list[Suggestion]:
         return []
     return [Suggestion(
         "allocator_config", split,
-        f"at the highest reserved memory ({_b(reserved)} reserved, {_b(allocated)} allocated) "
+        f"near the highest reserved memory ({_b(reserved)} reserved, {_b(allocated)} allocated) "
         f"{_b(split)} ({split / reserved:.0%} of reserved) sat in inactive split blocks "
         "(fragmentation)" + (f"; {retries} allocation retries (cache flushes)" if retries else ""),
         _ALLOCATOR_HOW)]

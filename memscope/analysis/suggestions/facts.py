@@ -19,6 +19,7 @@ ACTIVATION_SHARE = 0.30  # activations at least this share of the tensors: check
 OPTIMIZER_SHARE = 0.25  # optimizer state at least this share: lighter optimizer, offload
 MIN_SHARE = 0.05  # a suggestion saving less than this share of the tensors is not worth the change
 MIN_SAVING = 1 << 20  # nor one saving less than 1 MiB (leak fixes excepted: leaks keep growing)
+NEAR_PEAK_RESERVED = 0.90  # allocator_config reads fragmentation at samples this close to the highest reserved
 ELEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -120,8 +121,14 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
             act_dtypes[r["dtype"]] = int(r["b"] or 0)
     cuda_peak = None
     if cuda:
-        rows = reader.query("SELECT * FROM cuda_samples WHERE reserved IS NOT NULL "
-                            "ORDER BY reserved DESC, t LIMIT 1")
+        # Near the highest reserved memory (within NEAR_PEAK_RESERVED of it), the sample where
+        # most of it sat in inactive split blocks. The first sample at the very highest alone was
+        # taken until a GPU run of examples/scenarios/fragment.py showed that one read after
+        # the script freed its fragmented blocks (reserved stays, the split is gone).
+        rows = reader.query("SELECT * FROM cuda_samples WHERE reserved IS NOT NULL AND reserved >= "
+                            "(SELECT ? * max(reserved) FROM cuda_samples) "
+                            "ORDER BY coalesce(inactive_split, 0) DESC, reserved DESC, t LIMIT 1",
+                            (NEAR_PEAK_RESERVED,))
         cuda_peak = rows[0] if rows else None
     scale = None
     if at_failure and layers and s.hotspot_step is not None:
