@@ -181,6 +181,54 @@ def real_oom(out: Path) -> int:
         return 1 if missing else 0
 
 
+PEAK_OF = """
+import runpy, sys, torch
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print("MAX_ALLOCATED", torch.cuda.max_memory_allocated())
+"""
+ESTIMATED = [str(ROOT / "examples" / "scenarios" / "nanogpt.py"), "--steps", "3", "--device", "cuda"]
+
+
+def estimate_vs_real(out: Path) -> int:
+    """Step 4: ``memscope estimate`` of nanoGPT on this GPU machine (its fake run hides the real
+    GPU and sizes the pretend one, as on a CPU machine) against the real run's
+    ``max_memory_allocated``; saved as cuda_estimate_real.json."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wrapper = Path(tmp) / "peak_of.py"
+        wrapper.write_text(PEAK_OF)
+        real = subprocess.run([sys.executable, str(wrapper), *ESTIMATED], env=env(), cwd=tmp,
+                              capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in real.stdout.splitlines() if ln.startswith("MAX_ALLOCATED")]
+        if real.returncode or not lines:
+            say("the real nanoGPT run failed: " + (real.stderr.strip().splitlines() or ["no output"])[-1])
+            return 1
+        doc: dict[str, Any] = {"captured": time.strftime("%Y-%m-%d %H:%M:%S"), "script": ESTIMATED,
+                               "real_max_allocated": int(lines[-1].split()[1])}
+        failed = 0
+        for name, extra in (("on_the_gpu", {}),):
+            est = subprocess.run([sys.executable, "-m", "memscope", "estimate", "--json", "--steps", "3",
+                                  *ESTIMATED], env={**env(), **extra}, cwd=tmp, capture_output=True, text=True,
+                                 timeout=300)
+            if est.returncode:
+                doc[name] = {"error": (est.stderr.strip().splitlines() or ["no output"])[-1]}
+                failed = 1
+                continue
+            got = json.loads(est.stdout)
+            cuda_peak = (got.get("peak_by_device") or {}).get("cuda") or {}
+            doc[name] = {"allocator_peak": got.get("allocator_peak"), "cuda_peak": cuda_peak.get("peak_rounded_bytes"),
+                         "peak_breakdown": got.get("peak_breakdown"), "notes": got.get("notes")}
+            if cuda_peak.get("peak_rounded_bytes"):
+                doc[name]["error_vs_real"] = cuda_peak["peak_rounded_bytes"] / doc["real_max_allocated"] - 1
+        (out / "cuda_estimate_real.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str))
+        say("estimate of nanoGPT vs its real max_memory_allocated "
+            f"{doc['real_max_allocated']}: " + "; ".join(
+                f"{k} {doc[k].get('error_vs_real', doc[k].get('error'))}" for k in ("on_the_gpu",)))
+        return failed
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--capture":
         return capture(Path(sys.argv[2]))
@@ -206,6 +254,8 @@ def main() -> int:
             failed.append("captures")
         if real_oom(out):
             failed.append("real OOM")
+        if estimate_vs_real(out):
+            failed.append("estimate on a GPU")
         saved = sorted(p.name for p in out.iterdir())
         for p in out.iterdir():
             shutil.copy(p, DATA / p.name)
