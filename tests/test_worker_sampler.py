@@ -114,3 +114,36 @@ def test_descendants_read_from_proc_children_are_psutils() -> None:
             p.kill()
         tree.kill()
         tree.wait()
+
+
+def test_rss_reader_is_psutil_s_rss_and_follows_a_fork() -> None:
+    """The step boundary's RSS reader (one open /proc descriptor) reads what psutil reads, and in
+    a forked child reads the child, not the parent whose descriptor it inherited."""
+    import os
+
+    import psutil
+
+    from memscope.agent.collectors.sampler import RssReader
+
+    read = RssReader()
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert abs(read() - psutil.Process().memory_info().rss) <= 64 * page
+    assert abs(read.rss_vms()[1] - psutil.Process().memory_info().vms) <= 64 * page
+    ballast = bytearray(256 << 20)  # the parent grows by 256 MiB after the reader opened
+    ballast[:: page] = b"x" * len(range(0, len(ballast), page))
+    parent = read()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child frees the ballast: its RSS falls, the parent's does not
+        try:
+            del ballast
+            os.write(w, str((read(), psutil.Process().memory_info().rss)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    child, child_psutil = eval(os.read(r, 200).decode())
+    os.waitpid(pid, 0)
+    assert abs(child - child_psutil) <= 4 << 20  # the child touches pages between the two reads
+    assert child < parent - (128 << 20)
+    read.close()
+    del ballast

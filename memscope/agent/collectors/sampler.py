@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import threading
@@ -17,6 +18,52 @@ def rss_high_water_mark() -> int:
     ``getrusage`` reports)."""
     kib_or_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(kib_or_bytes if sys.platform == "darwin" else kib_or_bytes * 1024)
+
+
+class RssReader:
+    """This process's RSS now, from ``/proc/<pid>/statm`` through one open descriptor: a few µs,
+    where psutil's ``memory_info()`` opens and parses the file each call (about 20 µs, at every
+    step boundary and sample: 2% of a 1 ms step). Reopened in a forked child (the inherited
+    descriptor reads the parent); psutil where there is no /proc."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def __call__(self) -> int:
+        return self.rss_vms()[0]
+
+    def rss_vms(self) -> tuple[int, int]:
+        """(resident, virtual) bytes."""
+        try:
+            fd = self._fd
+            if fd is None or self._pid != os.getpid():
+                fd = self._open()
+            fields = os.pread(fd, 256, 0).split()
+            return int(fields[1]) * self._page, int(fields[0]) * self._page
+        except Exception:
+            import psutil
+
+            info = psutil.Process().memory_info()
+            return int(info.rss), int(info.vms)
+
+    def _open(self) -> int:
+        with self._lock:
+            pid = os.getpid()
+            if self._fd is None or self._pid != pid:
+                if self._fd is not None and self._pid == pid:
+                    os.close(self._fd)
+                self._fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._pid = pid
+            return self._fd
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is not None and self._pid == os.getpid():
+                os.close(fd)
 
 
 class StepPeak:

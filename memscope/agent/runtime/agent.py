@@ -30,7 +30,7 @@ from memscope.agent.collectors.layers import LayerProfiler
 from memscope.agent.collectors.leak_collector import LeakCollector
 from memscope.agent.collectors.oom import OomRecorder, is_oom
 from memscope.agent.collectors.oom_hooks import alloc_conf
-from memscope.agent.collectors.sampler import SamplerThread, StepPeak, rss_high_water_mark
+from memscope.agent.collectors.sampler import RssReader, SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.collectors.steps import StepTracker
 from memscope.agent.runtime.watchdog import SupervisorWatch
 from memscope.store.runs import finish_run, register_process
@@ -73,6 +73,7 @@ class Agent:
         # one at a time keeps the sample count and the CUDA device list consistent.
         self._tick_lock = threading.Lock()
         self._process = psutil.Process()
+        self._rss = RssReader()
         self._writer = RunWriter(db, options.queue_size, options.flush_interval,
                                  file_id=_file_id(owns_run))
         self._tracker = StepTracker(self._on_step_close)
@@ -176,6 +177,7 @@ class Agent:
                 finish_run(self.db, exit_code=None, signal=None, status="finished")
             except RunFileError:
                 pass  # nothing to write it to; readers call the run abandoned once we are gone
+        self._rss.close()
 
     def disable_after_fork(self) -> None:
         """In a forked child (a DataLoader worker): inherited hooks become no-ops; no threads
@@ -276,7 +278,7 @@ class Agent:
         return self._layers.saved_alias_ids()
 
     def rss(self) -> int:
-        return int(self._process.memory_info().rss)
+        return self._rss()
 
     def module_prefix(self, module: Any) -> str:
         return self._layers.root_prefix(module)
@@ -308,7 +310,7 @@ class Agent:
 
     def _sample_once(self) -> None:
         t = self._sampled_at = time.time()
-        rss = self._process.memory_info().rss
+        rss = self._rss()
         with self._lock:
             self._rss_peak.observe(rss)
             step = self._tracker.step
@@ -398,8 +400,8 @@ class Agent:
             self._guard_call("framework", self._note_framework)
         self._step_part("sample", lambda: self._tick(wait=False))
         hwm = rss_high_water_mark()
-        mem = self._step_part("memory reading", self._process.memory_info)
-        rss_now = int(mem.rss) if mem is not None else None
+        mem = self._step_part("memory reading", self._rss.rss_vms)
+        rss_now, vms_now = mem if mem is not None else (None, None)
         cuda_share = 0.0
         with self._lock:
             peak_rss = self._rss_peak.close(hwm, rss_now)
@@ -421,7 +423,7 @@ class Agent:
                                       "peak_reserved": peak_reserved, "status": "ok",
                                       "end_rss": rss_now, "end_allocated": end_alloc})
         self._guard_call("oom", lambda: self._oom_step_close(
-            max(cuda_share, self._oom.host_share(peak_rss, getattr(mem, "vms", None))), step + 1))
+            max(cuda_share, self._oom.host_share(peak_rss, vms_now)), step + 1))
         # inventories (the memory level here can pull one forward), leak suspects' sites
         level = end_alloc if end_alloc is not None else rss_now
         self._step_part("inventory", lambda: self._leaks.step_closed(step, end - start, level or 0))
@@ -468,7 +470,7 @@ class Agent:
         if pending is not None and pending["step"] == self._tracker.step:
             self._oom.pending_failed = None
             hwm = rss_high_water_mark()
-            rss_now = self._process.memory_info().rss
+            rss_now = self._rss()
             peak_alloc = peak_reserved = None
             with self._lock:
                 peak_rss = self._rss_peak.close(hwm, rss_now)
