@@ -25,11 +25,26 @@ def test_growth_nothing_explains(tmp_path: Path) -> None:
     assert g is not None and g["metric"] == "rss"
     assert 200 << 10 <= g["bytes_per_step"] <= 400 << 10  # 32 x 8 x 256 float32 = 256 KiB
     assert g["explained_bytes_per_step"] < 16 << 10 and g["last_step"] == 19
+    # the tensors' share is charged 4x on host RSS, an estimate the document flags
+    assert g["tensor_factor"] == 4 and g["tensor_factor_estimated"] is True
+    assert g["charged_bytes_per_step"] == 4 * g["explained_bytes_per_step"]
+    assert g["unexplained_bytes_per_step"] == g["bytes_per_step"] - g["charged_bytes_per_step"]
     (sug,) = report["suggestions"]
     assert sug["technique"] == "fix_leak" and "tracemalloc" in sug["how"] and "host RSS" in sug["evidence"]
     text = memscope("leaks", str(db)).stdout
     assert "GROWTH host RSS" in text and "no tensor group explains" in text
     assert "growth    host RSS" in memscope("report", str(db)).stdout
+
+
+def test_the_tensors_share_says_it_rests_on_the_rss_estimate() -> None:
+    from memscope.analysis.unexplained import UnexplainedGrowth
+
+    rss = UnexplainedGrowth("rss", 300 << 10, 10 << 10, 2, 29)
+    assert rss.unexplained_bytes_per_step == (300 - 40) << 10
+    assert rss.explained_words() == "+10.00 KiB/step of tensors, counted as +40.00 KiB/step of RSS (4x, an estimate)"
+    cuda = UnexplainedGrowth("cuda_allocated", 300 << 10, 10 << 10, 2, 29)
+    assert cuda.unexplained_bytes_per_step == 290 << 10 and cuda.explained_words() == "+10.00 KiB/step of tensors"
+    assert UnexplainedGrowth("rss", 300 << 10, 0, 2, 29).explained_words() == "+0 B/step of tensors"
 
 
 def test_heap_pages_a_tensor_leak_pins_are_the_tensors_growth() -> None:

@@ -53,12 +53,33 @@ class UnexplainedGrowth:
         return "host RSS" if self.metric == "rss" else "CUDA allocated memory"
 
     @property
+    def tensor_factor(self) -> int:
+        """What a tensor byte is charged on this metric: RSS_PER_TENSOR_BYTE on host RSS (an
+        estimate, one measurement), exactly 1 on CUDA."""
+        return RSS_PER_TENSOR_BYTE if self.metric == "rss" else 1
+
+    @property
+    def charged_bytes_per_step(self) -> int:
+        """The growth the inventoried tensors account for on this metric."""
+        return self.explained_bytes_per_step * self.tensor_factor
+
+    @property
     def unexplained_bytes_per_step(self) -> int:
-        return max(self.bytes_per_step - self.explained_bytes_per_step, 0)
+        return max(self.bytes_per_step - self.charged_bytes_per_step, 0)
+
+    def explained_words(self) -> str:
+        """What the inventories account for, saying when the figure rests on the estimate."""
+        text = f"+{human_bytes(self.explained_bytes_per_step)}/step of tensors"
+        if self.tensor_factor != 1 and self.explained_bytes_per_step:
+            text += (f", counted as +{human_bytes(self.charged_bytes_per_step)}/step of RSS "
+                     f"({self.tensor_factor}x, an estimate)")
+        return text
 
     def as_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "bytes_per_step": self.bytes_per_step,
                 "explained_bytes_per_step": self.explained_bytes_per_step,
+                "tensor_factor": self.tensor_factor, "tensor_factor_estimated": self.tensor_factor != 1,
+                "charged_bytes_per_step": self.charged_bytes_per_step,
                 "unexplained_bytes_per_step": self.unexplained_bytes_per_step,
                 "first_step": self.first_step, "last_step": self.last_step}
 
@@ -219,5 +240,5 @@ def suggestion(u: UnexplainedGrowth, steps: int) -> dict[str, Any]:
             "estimated_saving_bytes": int(u.unexplained_bytes_per_step * max(steps, 0)),
             "evidence": (f"{metric} grows by {human_bytes(u.bytes_per_step)}/step from step "
                          f"{u.first_step} to {u.last_step}; tensor inventories account for "
-                         f"{human_bytes(u.explained_bytes_per_step)}/step of it"),
+                         f"{u.explained_words()}"),
             "how": u.how()}

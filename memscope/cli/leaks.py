@@ -155,8 +155,7 @@ def leak_lines(lk: Leak) -> list[str]:
 def unexplained_lines(u: UnexplainedGrowth) -> list[str]:
     metric = u.label
     return [f"GROWTH {metric} +{human_bytes(u.bytes_per_step)}/step from step {u.first_step} to "
-            f"{u.last_step} that no tensor group explains (inventories: "
-            f"+{human_bytes(u.explained_bytes_per_step)}/step)",
+            f"{u.last_step} that no tensor group explains (inventories: {u.explained_words()})",
             f"      fix: {shown_text(u.how())}"]
 
 

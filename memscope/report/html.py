@@ -283,7 +283,7 @@ def _leaks(s: RunSummary) -> str:
         metric = u.label
         parts.append(f'<p class="growth">{esc(metric)} grows by {esc(human_bytes(u.bytes_per_step))}/step '
                      f"from step {u.first_step} to {u.last_step}, and no tensor group explains it "
-                     f"(inventories: {esc(human_bytes(u.explained_bytes_per_step))}/step). "
+                     f"(inventories: {esc(u.explained_words())}). "
                      f"{esc(u.how())}</p>")
     w = s.workers
     if w is not None:
