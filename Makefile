@@ -48,11 +48,13 @@ test-deps:
 
 # The suite on TEST_JOBS workers (pytest-xdist; auto: one per core). --dist loadfile keeps each
 # test file on one worker, so a module's shared real runs (module-scoped fixtures) are made once.
-# TEST_JOBS=0 runs it in this one process.
+# TEST_JOBS=0 runs it in this one process. The 20 slowest tests are listed at the end, and every
+# test's time is in .venv/junit.xml (what tests/suite_order.py's HEAVY table is checked against).
 TEST_JOBS ?= auto
 test: $(TSTAMP) test-deps lint
 	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=20 \
+	  --junitxml=$(VENV)/junit.xml
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails
 docs: $(STAMP)
