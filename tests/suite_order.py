@@ -17,6 +17,7 @@ import pytest
 # order matters. A file not here comes after these.
 HEAVY: dict[str, float] = {
     "tests/test_advice_accuracy.py": 109,
+    "tests/test_sac_curve.py": 106,
     "tests/test_readme_samples_more.py": 84,
     "tests/test_oom_at_failure.py": 71,
     "tests/test_readme_samples.py": 69,
