@@ -13,7 +13,15 @@ configs) and examples/scenarios/nanogpt.py:
   that take ``sdpa`` as their second argument: the same script with its attention through
   ``F.scaled_dot_product_attention``, recorded like the baseline (live-tensor peak, difference);
   nanoGPT calls it already: there the change saves nothing (measured 0);
-* gradient_accumulation (a smaller batch) is listed, not measured.
+* gradient_accumulation is measured by a real accumulation loop: the same script with its batch
+  divided by the suggestion's k and k micro-batches per optimizer step (``--batch N --accumulate
+  k``; nanoGPT's ``--batch-size``; the HF Trainer's per_device_train_batch_size and
+  gradient_accumulation_steps, Lightning's DataLoader batch_size and accumulate_grad_batches),
+  recorded like the baseline. Not the smaller batch alone: gradients accumulate into the same
+  .grad tensors, but they stay live through every micro-batch after the first, where these
+  scripts free them (``zero_grad()`` ahead of the forward or its backward) before their peak;
+  the smaller batch alone saves that much more (word_language_model: 42.6 MiB against 27.9 MiB
+  accumulated, its 14.7 MiB of gradients).
 
     .venv/bin/python benchmarks/advice_accuracy.py              # the whole table (markdown)
     .venv/bin/python benchmarks/advice_accuracy.py --case ng_video_lecture --json
@@ -37,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from memscope.analysis.suggestions import suggest  # noqa: E402
+from memscope.analysis.suggestions.gradient_accumulation import ACCUMULATION  # noqa: E402
 from memscope.analysis.whatif import TOLERANCE, compare, measure  # noqa: E402
 from memscope.runners.script_estimate import run_recorded  # noqa: E402
 from memscope.store.reader import RunReader  # noqa: E402
@@ -56,6 +65,18 @@ class Case:
     args: list[str]
     sdpa: bool = False  # takes `sdpa` as its second argument (efficient_attention measured)
     uses_sdpa: bool = False  # calls scaled_dot_product_attention already: switching to it saves 0
+    batch: int = 0  # its default batch, set by `batch_flag N` (gradient_accumulation measured)
+    batch_flag: str = "--batch"
+
+    def micro_args(self) -> list[str]:
+        """Its arguments with the batch divided by the gradient_accumulation suggestion's k and
+        `--accumulate k`: k such micro-batches per optimizer step."""
+        micro = str(self.batch // ACCUMULATION)
+        args = [*self.args, self.batch_flag, micro]
+        if self.batch_flag in self.args:
+            i = self.args.index(self.batch_flag) + 1
+            args = [*self.args[:i], micro, *self.args[i + 1:]]
+        return [*args, "--accumulate", str(ACCUMULATION)]
 
 
 def case(name: str) -> Case:
@@ -63,14 +84,15 @@ def case(name: str) -> Case:
 
 
 CASES = [
-    Case("makemore", TP / "makemore_transformer.py", ["1000"], sdpa=True),
-    Case("minGPT", TP / "mingpt_chargpt.py", ["1000"], sdpa=True),
-    Case("ng-video-lecture", TP / "ng_video_lecture.py", ["1000"], sdpa=True),
-    Case("peft LoRA GPT-2", TP / "lora_gpt2.py", ["1000"]),
-    Case("HF Trainer", TP / "hf_trainer.py", ["1000"]),
-    Case("Lightning", TP / "lightning_tiny.py", ["1000"], sdpa=True),
-    Case("nanoGPT", ROOT / "examples" / "scenarios" / "nanogpt.py", NANOGPT_ARGS, uses_sdpa=True),
-    Case("word_language_model", TP / "word_language_model.py", ["1000"]),
+    Case("makemore", TP / "makemore_transformer.py", ["1000"], sdpa=True, batch=512),
+    Case("minGPT", TP / "mingpt_chargpt.py", ["1000"], sdpa=True, batch=32),
+    Case("ng-video-lecture", TP / "ng_video_lecture.py", ["1000"], sdpa=True, batch=32),
+    Case("peft LoRA GPT-2", TP / "lora_gpt2.py", ["1000"], batch=16),
+    Case("HF Trainer", TP / "hf_trainer.py", ["1000"], batch=16),
+    Case("Lightning", TP / "lightning_tiny.py", ["1000"], sdpa=True, batch=32),
+    Case("nanoGPT", ROOT / "examples" / "scenarios" / "nanogpt.py", NANOGPT_ARGS, uses_sdpa=True,
+         batch=16, batch_flag="--batch-size"),
+    Case("word_language_model", TP / "word_language_model.py", ["1000"], batch=20),
 ]
 
 
@@ -104,7 +126,8 @@ def _db(case: Case, workdir: str, label: str) -> str:
 
 
 def record(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_WHATIF) -> None:
-    """The runs of one case under ``workdir``: whatif's baseline and trials, and the sdpa run.
+    """The runs of one case under ``workdir``: whatif's baseline and trials, the sdpa run and
+    the accumulation run (``micro``).
     Runs already there (a finished file) are kept: the figures are computed again from them."""
     labels = ["baseline", *techniques]
     if not all(os.path.exists(_db(case, workdir, t)) for t in labels):
@@ -117,6 +140,10 @@ def record(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_W
         child = run_recorded(str(case.script), [case.args[0], "sdpa"], _db(case, workdir, "sdpa"), _options())
         if not child.ok:
             raise RuntimeError(f"{case.name}: the sdpa run failed: {child.last_error()}")
+    if case.batch and not os.path.exists(_db(case, workdir, "micro")):
+        child = run_recorded(str(case.script), case.micro_args(), _db(case, workdir, "micro"), _options())
+        if not child.ok:
+            raise RuntimeError(f"{case.name}: the accumulation run failed: {child.last_error()}")
 
 
 def _measure(db: str) -> Any:
@@ -134,6 +161,11 @@ def _row(case: str, technique: str, suggested: int | None, measured: int | None)
     return Row(case, technique, suggested, measured, error, ok)
 
 
+def _saved(base: Any, changed: Any) -> int | None:
+    """The exact live-tensor peak the change took off the baseline's (None: a peak not recorded)."""
+    return base.tensor_peak - changed.tensor_peak if base.tensor_peak and changed.tensor_peak else None
+
+
 def analyse(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_WHATIF) -> list[Row]:
     """Every suggestion of the baseline and every measured technique, one row each: the figure
     is what ``memscope report`` suggests for the baseline run, the measured saving what
@@ -146,11 +178,13 @@ def analyse(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_
         c = compare(t, base, _measure(_db(case, workdir, t)), figures.get(t))
         rows.append(_row(case.name, t, figures.get(t), c.measured_saving_bytes if c.applied else None))
     if case.sdpa:
-        sdpa = _measure(_db(case, workdir, "sdpa"))
-        measured = base.tensor_peak - sdpa.tensor_peak if base.tensor_peak and sdpa.tensor_peak else None
-        rows.append(_row(case.name, "efficient_attention", figures.get("efficient_attention"), measured))
+        rows.append(_row(case.name, "efficient_attention", figures.get("efficient_attention"),
+                         _saved(base, _measure(_db(case, workdir, "sdpa")))))
     elif case.uses_sdpa:
         rows.append(_row(case.name, "efficient_attention", figures.get("efficient_attention"), 0))
+    if case.batch:
+        rows.append(_row(case.name, "gradient_accumulation", figures.get("gradient_accumulation"),
+                         _saved(base, _measure(_db(case, workdir, "micro")))))
     seen = {r.technique for r in rows}
     rows += [_row(case.name, t, v, None) for t, v in figures.items() if t not in seen]
     return rows

@@ -137,6 +137,39 @@ while True:
     assert peaks[1] - peaks[0] == 4 << 20
 
 
+def test_tensor_peak_says_whether_the_steps_gradients_were_live_at_it(tmp_path: Path) -> None:
+    """Gradients zeroed in place stay live through the peak (all of them counted); set to None
+    ahead of the forward, none of the step's starting .grad is live at it."""
+    code = '''
+import sys, torch, memscope
+memscope.start(sys.argv[1], tensor_peak=True, layers_every=0, inventory_every=0, max_steps=4)
+model = torch.nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    if sys.argv[2] == "free":
+        opt.zero_grad(set_to_none=True)
+    loss = model(torch.randn(512, 256)).relu().sum()
+    if sys.argv[2] == "keep":
+        opt.zero_grad(set_to_none=False)
+    loss.backward()
+    opt.step()
+'''
+    import sqlite3
+
+    got = {}
+    for mode in ("keep", "free"):
+        db = tmp_path / f"{mode}.db"
+        out = subprocess.run([sys.executable, "-c", code, str(db), mode], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        conn = sqlite3.connect(db)
+        rows = [json.loads(d) for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'tensor_peak'")]
+        conn.close()
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        got[mode] = {r["start_grad_bytes_at_peak"] for r in rows}
+    assert got == {"keep": {(256 * 256 + 256) * 4}, "free": {0}}
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--try", "bogus"], "unknown technique 'bogus'"),
     (["--steps", "1"], "--steps must be at least 2"),

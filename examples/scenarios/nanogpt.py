@@ -106,6 +106,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches of --batch-size per optimizer step")
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-head", type=int, default=6)
@@ -121,10 +122,11 @@ def main() -> None:
                 args.dropout).to(args.device)
     opt = model.configure_optimizers(0.1, 1e-3, args.optimizer)
     for it in range(args.steps):
-        data = torch.randint(0, args.vocab, (args.batch_size, args.block_size + 1))
-        x, y = data[:, :-1].to(args.device), data[:, 1:].to(args.device)
-        loss = model(x, y)
-        loss.backward()
+        for _ in range(args.accumulate):
+            data = torch.randint(0, args.vocab, (args.batch_size, args.block_size + 1))
+            x, y = data[:, :-1].to(args.device), data[:, 1:].to(args.device)
+            loss = model(x, y)
+            (loss / args.accumulate if args.accumulate > 1 else loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -10,8 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, BLOCK, WIDTH, HEADS, LAYERS, BATCH = 512, 64, 96, 4, 3, 32
-SDPA = sys.argv[2:3] == ["sdpa"]  # argv: [steps] [sdpa]
+VOCAB, BLOCK, WIDTH, HEADS, LAYERS = 512, 64, 96, 4, 3
+# argv: [steps] [sdpa] [--batch N] [--accumulate K]: K micro-batches of N per optimizer step
+SDPA = sys.argv[2:3] == ["sdpa"]
+BATCH = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 32
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv else 1
 
 
 class Attention(nn.Module):
@@ -71,5 +74,5 @@ torch.manual_seed(0)
 data = torch.randint(0, VOCAB, (1024, BLOCK + 1))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:]), batch_size=BATCH)
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-          enable_progress_bar=False, enable_model_summary=False).fit(TinyLM(), loader)
+L.Trainer(accelerator="cpu", devices=1, max_steps=steps, accumulate_grad_batches=ACCUMULATE, logger=False,
+          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(TinyLM(), loader)

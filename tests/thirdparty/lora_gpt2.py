@@ -37,10 +37,14 @@ opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1
 model.train()
 tokens = torch.randint(0, 8000, (512, 64))
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+# argv: [steps] [--batch N] [--accumulate K]: K micro-batches of N per optimizer step
+BATCH = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 16
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv else 1
 for step in range(steps):
-    batch = tokens[torch.randint(0, len(tokens), (16,))]
-    loss = model(input_ids=batch, labels=batch).loss
-    loss.backward()
+    for _ in range(ACCUMULATE):
+        batch = tokens[torch.randint(0, len(tokens), (BATCH,))]
+        loss = model(input_ids=batch, labels=batch).loss
+        (loss / ACCUMULATE if ACCUMULATE > 1 else loss).backward()
     opt.step()
     opt.zero_grad()
     print(f"step {step} loss {loss.item():.4f}")

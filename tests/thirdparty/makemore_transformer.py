@@ -10,8 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, BLOCK, N_EMBD, N_HEAD, N_LAYER, BATCH = 27, 16, 64, 4, 4, 512
-SDPA = sys.argv[2:3] == ["sdpa"]  # argv: [steps] [sdpa]
+VOCAB, BLOCK, N_EMBD, N_HEAD, N_LAYER = 27, 16, 64, 4, 4
+# argv: [steps] [sdpa] [--batch N] [--accumulate K]: K micro-batches of N per optimizer step
+SDPA = sys.argv[2:3] == ["sdpa"]
+BATCH = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 512
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv else 1
 
 
 class NewGELU(nn.Module):
@@ -82,11 +85,13 @@ opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.01, betas=(0
 words = torch.randint(1, VOCAB, (4096, BLOCK + 1))  # the dataset stays on the CPU
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 for step in range(steps):
-    ix = torch.randint(0, len(words), (BATCH,))
-    x, y = words[ix, :-1], words[ix, 1:]
-    logits, loss = model(x, y)
-    model.zero_grad(set_to_none=True)
-    loss.backward()
+    for micro in range(ACCUMULATE):
+        ix = torch.randint(0, len(words), (BATCH,))
+        x, y = words[ix, :-1], words[ix, 1:]
+        logits, loss = model(x, y)
+        if micro == 0:
+            model.zero_grad(set_to_none=True)
+        (loss / ACCUMULATE if ACCUMULATE > 1 else loss).backward()
     opt.step()
     if step % 10 == 0:
         print(f"step {step} | loss {loss.item():.4f}")

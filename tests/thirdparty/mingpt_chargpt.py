@@ -12,8 +12,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB, BLOCK, N_EMBD, N_HEAD, N_LAYER, BATCH, PDROP = 65, 64, 96, 6, 3, 32, 0.1
-SDPA = sys.argv[2:3] == ["sdpa"]  # argv: [steps] [sdpa]
+VOCAB, BLOCK, N_EMBD, N_HEAD, N_LAYER, PDROP = 65, 64, 96, 6, 3, 0.1
+# argv: [steps] [sdpa] [--batch N] [--accumulate K]: K micro-batches of N per optimizer step
+SDPA = sys.argv[2:3] == ["sdpa"]
+BATCH = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 32
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv else 1
 
 
 class CausalSelfAttention(nn.Module):
@@ -90,12 +93,14 @@ text = torch.randint(0, VOCAB, (50_000,))  # the character dataset, on the CPU
 out = tempfile.mkdtemp(prefix="chargpt-")
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 for it in range(steps):
-    ix = torch.randint(0, len(text) - BLOCK - 1, (BATCH,))
-    x = torch.stack([text[i:i + BLOCK] for i in ix])
-    y = torch.stack([text[i + 1:i + BLOCK + 1] for i in ix])
-    logits, loss = model(x, y)
-    model.zero_grad(set_to_none=True)
-    loss.backward()
+    for micro in range(ACCUMULATE):
+        ix = torch.randint(0, len(text) - BLOCK - 1, (BATCH,))
+        x = torch.stack([text[i:i + BLOCK] for i in ix])
+        y = torch.stack([text[i + 1:i + BLOCK + 1] for i in ix])
+        logits, loss = model(x, y)
+        if micro == 0:
+            model.zero_grad(set_to_none=True)
+        (loss / ACCUMULATE if ACCUMULATE > 1 else loss).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     if it % 5 == 0:

@@ -10,8 +10,11 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-batch_size, block_size, n_embd, n_head, n_layer, dropout, vocab_size = 32, 64, 96, 4, 3, 0.2, 65
-SDPA = sys.argv[2:3] == ["sdpa"]  # argv: [steps] [sdpa]
+block_size, n_embd, n_head, n_layer, dropout, vocab_size = 64, 96, 4, 3, 0.2, 65
+# argv: [steps] [sdpa] [--batch N] [--accumulate K]: K micro-batches of N per optimizer step
+SDPA = sys.argv[2:3] == ["sdpa"]
+batch_size = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 32
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv else 1
 
 
 class Head(nn.Module):
@@ -94,12 +97,14 @@ model = GPTLanguageModel()
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 for it in range(steps):
-    ix = torch.randint(len(data) - block_size, (batch_size,))
-    xb = torch.stack([data[i:i + block_size] for i in ix])
-    yb = torch.stack([data[i + 1:i + block_size + 1] for i in ix])
-    logits, loss = model(xb, yb)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    for micro in range(ACCUMULATE):
+        ix = torch.randint(len(data) - block_size, (batch_size,))
+        xb = torch.stack([data[i:i + block_size] for i in ix])
+        yb = torch.stack([data[i + 1:i + block_size + 1] for i in ix])
+        logits, loss = model(xb, yb)
+        if micro == 0:
+            optimizer.zero_grad(set_to_none=True)
+        (loss / ACCUMULATE if ACCUMULATE > 1 else loss).backward()
     optimizer.step()
     if it % 5 == 0:
         losses = {"train": loss.detach()}

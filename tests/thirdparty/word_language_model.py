@@ -9,7 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-NTOKEN, EMSIZE, NHID, NLAYERS, BPTT, BATCH, DROPOUT = 8000, 200, 200, 2, 35, 20, 0.2
+NTOKEN, EMSIZE, NHID, NLAYERS, BPTT, DROPOUT = 8000, 200, 200, 2, 35, 0.2
+# argv: [steps] [--batch N] [--accumulate K]: K micro-batches of N columns per update
+BATCH = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 20
+ACCUMULATE = int(sys.argv[sys.argv.index("--accumulate") + 1]) if "--accumulate" in sys.argv else 1
 
 
 class RNNModel(nn.Module):
@@ -36,20 +39,23 @@ def repackage_hidden(h):
 
 
 torch.manual_seed(1111)
-train_data = torch.randint(0, NTOKEN, (20_000 // BATCH, BATCH))
+train_data = torch.randint(0, NTOKEN, (20_000 // (BATCH * ACCUMULATE), BATCH * ACCUMULATE))
 model = RNNModel()
 criterion = nn.NLLLoss()
 lr = 20.0
-hidden = model.init_hidden(BATCH)
+hiddens = [model.init_hidden(BATCH) for _ in range(ACCUMULATE)]  # one hidden state per micro-batch
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 model.train()
 for batch, i in enumerate(range(0, min(steps * BPTT, train_data.size(0) - 1 - BPTT), BPTT)):
-    data, targets = train_data[i:i + BPTT], train_data[i + 1:i + 1 + BPTT].reshape(-1)
     model.zero_grad()
-    hidden = repackage_hidden(hidden)
-    output, hidden = model(data, hidden)
-    loss = criterion(output, targets)
-    loss.backward()
+    for m in range(ACCUMULATE):
+        cols = slice(m * BATCH, (m + 1) * BATCH)
+        data, targets = train_data[i:i + BPTT, cols], train_data[i + 1:i + 1 + BPTT, cols].reshape(-1)
+        hidden = repackage_hidden(hiddens[m])
+        output, hidden = model(data, hidden)
+        hiddens[m] = hidden
+        loss = criterion(output, targets)
+        (loss / ACCUMULATE if ACCUMULATE > 1 else loss).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
     for p in model.parameters():
         p.data.add_(p.grad, alpha=-lr)

@@ -75,9 +75,10 @@ class Controller:
                     uncounted = self.peak.uncounted
                     peak, start = self.peak.end()
                     missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
+                    grads = self.peak.grads_at_peak
                     agent.event("tensor_peak", f"step {step}: live tensor bytes peaked at {peak}{missed}",
                                 {"step": step, "peak_bytes": peak, "start_bytes": start,
-                                 "uncounted_tensors": uncounted})
+                                 "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted})
                 if not (agent.options.max_steps and step + 1 >= agent.options.max_steps):
                     self.peak.begin(step + 1)
             except Exception as exc:
@@ -103,7 +104,10 @@ class TensorPeak:
     step: what-if trials only (``tensor_peak`` option). Not seen: memory that is not a tensor
     storage, and tensors reachable only from C++ at the step's start (a graph kept from an
     earlier step). A sparse tensor counts its indices' and values' storages; a meta tensor holds
-    nothing; a tensor whose storage cannot be read is counted in ``uncounted`` (the event says so)."""
+    nothing; a tensor whose storage cannot be read is counted in ``uncounted`` (the event says so).
+    ``grads_at_peak``: bytes of the parameters' ``.grad`` counted at the step's start still live
+    at its peak (0 when the script freed them before: ``zero_grad()`` ahead of the forward);
+    gradient accumulation keeps them live through every micro-batch."""
 
     def __init__(self) -> None:
         self.step: int | None = None
@@ -113,6 +117,9 @@ class TensorPeak:
         self.start = 0
         self.active = False
         self.uncounted = 0  # tensors seen whose memory could not be read (no storage)
+        self._grads: set[int] = set()  # keys of the .grad storages counted at the step's start
+        self.grads_live = 0  # their bytes still live
+        self.grads_at_peak = 0  # grads_live when the peak was reached
         self._refs: set[weakref.ReferenceType[Any]] = set()
         self._lock = threading.RLock()  # a callback can fire inside add() on the same thread
         self._mode: Any = None
@@ -136,14 +143,16 @@ class TensorPeak:
             self.step = step
             self.live, self._refs = {}, set()
             self.total = self.peak = self.uncounted = 0
+            self._grads, self.grads_live, self.grads_at_peak = set(), 0, 0
         with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns
             warnings.simplefilter("ignore")  # (torch.distributed.reduce_op): not into the script's output
             for obj in gc.get_objects():
                 if isinstance(obj, torch.Tensor):
                     self.add(obj)
                     if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
-                        self.add(obj.grad)
+                        self._add_grad(obj.grad)
         self.start = self.total
+        self.grads_at_peak = self.grads_live
         self.active = True
         self._mode = _Mode()
         self._mode.__enter__()
@@ -162,6 +171,20 @@ class TensorPeak:
             self._refs = set()  # dropping the weakrefs drops their callbacks
             self.live = {}
         return peak, start
+
+    @unseen
+    def _add_grad(self, g: Any) -> None:
+        """A parameter's .grad at the step's start: counted, and its storages kept as grads."""
+        self.add(g)
+        try:
+            parts = storages(g)
+        except Exception:
+            return
+        with self._lock:
+            for st, nbytes in parts:
+                if id(st) in self.live and id(st) not in self._grads:
+                    self._grads.add(id(st))
+                    self.grads_live += nbytes
 
     def add_tree(self, obj: Any, depth: int = 0) -> None:
         if isinstance(obj, torch.Tensor):
@@ -188,6 +211,7 @@ class TensorPeak:
                 self.total += nbytes
                 if self.total > self.peak:
                     self.peak = self.total
+                    self.grads_at_peak = self.grads_live
                 self._refs.add(weakref.ref(st, self._released(key)))
 
     def _released(self, key: int) -> Callable[[Any], None]:
@@ -198,6 +222,9 @@ class TensorPeak:
                     n = self.live.pop(key, None)
                     if n is not None:
                         self.total -= n
+                        if key in self._grads:
+                            self._grads.discard(key)
+                            self.grads_live -= n
             except Exception:
                 pass
         return callback

@@ -55,6 +55,8 @@ class Facts:
     activation_dtypes: dict[str, int]  # bytes of inventoried tensors with a grad_fn, by dtype
     cuda_peak: dict[str, Any] | None  # the cuda_samples row where reserved was highest
     tensor_peak: int | None = None  # exact live tensor bytes peak (``tensor_peak`` option: what-ifs)
+    # of the step's starting .grad bytes, those still live at that peak (None: files from before)
+    peak_grads: int | None = None
     oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
     layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
@@ -143,8 +145,10 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                        "output_bytes": int((r["output_bytes"] or 0) * scale)} for r in layers]
     oom_alloc, expandable = _allocator_facts(reader, s)
     world = max([int(p.get("world_size") or 1) for p in s.processes] or [1])
-    peaks = [int(e["data"]["peak_bytes"]) for e in reader.events("tensor_peak")
+    peaks = [e["data"] for e in reader.events("tensor_peak")
              if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
+    top = max(peaks, key=lambda d: int(d["peak_bytes"])) if peaks else {}
+    grads_at_peak = top.get("start_grad_bytes_at_peak")
     return Facts(device=s.device, world_size=world, steps=s.steps,
                  device_total=_device_total(reader) if cuda else None,
                  parameters=int(bd.get("parameters") or 0), gradients=int(bd.get("gradients") or 0),
@@ -152,7 +156,8 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  activations=int(bd.get("activations") or 0), other=int(bd.get("other") or 0),
                  tensor_total=total, layers=layers, layer_step=s.hotspot_step,
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
-                 tensor_peak=max(peaks) if peaks else None, oom_allocator=oom_alloc,
+                 tensor_peak=int(top["peak_bytes"]) if top else None, oom_allocator=oom_alloc,
+                 peak_grads=int(grads_at_peak) if isinstance(grads_at_peak, int) else None,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
                  attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
