@@ -127,6 +127,11 @@ def test_no_file_descriptor_left_loses_no_step(tmp_path: Path) -> None:
     assert steps_recorded(db) == list(range(25))
     data = report(db)
     assert data["run"]["status"] == "finished" and data["run"]["steps"] == 25
-    with RunReader(db) as reader:  # what could not be measured is said, not hidden
+    with RunReader(db) as reader:
+        steps = reader.steps()
         warnings = [e["message"] for e in reader.events("warning")]
-    assert any("step boundary" in w and "Too many open files" in w for w in warnings), warnings
+    # The agent reads RSS through a descriptor it opened before the script took the rest: every
+    # step's memory is still measured (psutil, which opens /proc each call, failed here before,
+    # and the step boundary said so in a warning, as it would for any other reading that fails)
+    assert all(s["end_rss"] for s in steps), [s["end_rss"] for s in steps]
+    assert not any("Too many open files" in w and "memory reading" in w for w in warnings), warnings
