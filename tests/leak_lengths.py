@@ -177,9 +177,10 @@ def check_verdicts(run: Run, tmp_path: Path) -> None:
         if t["bytes"] > 64:  # a tensor leak: its bytes (what its nodes cost is checked below)
             assert abs(tensor_bytes - t["bytes"]) <= case.tolerance * t["bytes"], (length, tensor_bytes, t)
         if t["nodes"] >= 1:
-            # nodes: 1.4% off at 20 steps (the first kept graph also holds the nodes it shares
-            # with the parameters' AccumulateGrad), exact from 60 steps on
-            assert abs(nodes - t["nodes"]) <= max(case.tolerance, 0.02) * t["nodes"], (length, nodes, t)
+            # nodes: the parameters' AccumulateGrad nodes, shared by every graph, are not a
+            # step's (not counted): before, they moved between the live loss and the kept graphs
+            # from one inventory to the next (1.4% off at 20 steps, 2% at 60 under load)
+            assert abs(nodes - t["nodes"]) <= case.tolerance * t["nodes"], (length, nodes, t)
     # the report at the end says the same
     report = report_json(run.db)
     assert [lk["held_by"] for lk in report["leaks"]] == [case.held_by], report["leaks"]
