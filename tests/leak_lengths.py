@@ -178,9 +178,10 @@ def check_verdicts(run: Run, tmp_path: Path) -> None:
             assert abs(tensor_bytes - t["bytes"]) <= case.tolerance * t["bytes"], (length, tensor_bytes, t)
         if t["nodes"] >= 1:
             # nodes: the parameters' AccumulateGrad nodes, shared by every graph, are not a
-            # step's (not counted): before, they moved between the live loss and the kept graphs
-            # from one inventory to the next (1.4% off at 20 steps, 2% at 60 under load)
-            assert abs(nodes - t["nodes"]) <= case.tolerance * t["nodes"], (length, nodes, t)
+            # step's (not counted: they moved between the live loss and the kept graphs, 2.04%
+            # off at 60 steps under load). A big group's nodes are extrapolated from a sample of
+            # its graphs (scan.GRAPH_SAMPLE): 0.52% off at 200 steps under load, hence 2%
+            assert abs(nodes - t["nodes"]) <= max(case.tolerance, 0.02) * t["nodes"], (length, nodes, t)
     # the report at the end says the same
     report = report_json(run.db)
     assert [lk["held_by"] for lk in report["leaks"]] == [case.held_by], report["leaks"]
