@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -123,18 +124,23 @@ while True:
 '''
     peaks = []
     for with_extra in ("0", "1"):
-        db = tmp_path / f"run{with_extra}.db"
-        out = subprocess.run([sys.executable, "-c", code, str(db), with_extra], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        import sqlite3
-
-        conn = sqlite3.connect(db)
-        rows = [json.loads(d) for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'tensor_peak'")]
-        conn.close()
+        rows = tensor_peak_events(code, tmp_path / f"run{with_extra}.db", with_extra)
         assert [r["step"] for r in rows] == [1, 2, 3]
         peaks.append(max(r["peak_bytes"] for r in rows))
     assert peaks[1] - peaks[0] == 4 << 20
+
+
+def tensor_peak_events(code: str, db: Path, arg: str) -> list[dict[str, Any]]:
+    """Run ``code`` (a script taking the run file and ``arg``) and return its tensor_peak events."""
+    import sqlite3
+
+    out = subprocess.run([sys.executable, "-c", code, str(db), arg], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    conn = sqlite3.connect(db)
+    rows = [json.loads(d) for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'tensor_peak'")]
+    conn.close()
+    return rows
 
 
 def test_tensor_peak_says_whether_the_steps_gradients_were_live_at_it(tmp_path: Path) -> None:
@@ -154,17 +160,9 @@ while True:
     loss.backward()
     opt.step()
 '''
-    import sqlite3
-
     got = {}
     for mode in ("keep", "free"):
-        db = tmp_path / f"{mode}.db"
-        out = subprocess.run([sys.executable, "-c", code, str(db), mode], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        conn = sqlite3.connect(db)
-        rows = [json.loads(d) for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'tensor_peak'")]
-        conn.close()
+        rows = tensor_peak_events(code, tmp_path / f"{mode}.db", mode)
         assert [r["step"] for r in rows] == [1, 2, 3]
         got[mode] = {r["start_grad_bytes_at_peak"] for r in rows}
     assert got == {"keep": {(256 * 256 + 256) * 4}, "free": {0}}
