@@ -188,8 +188,10 @@ def check_verdicts(run: Run, tmp_path: Path) -> None:
     assert report["leak_check"]["verdict"] == "ok"
     if case.script.name == "total_loss.py":
         # a graph-node leak's bytes: what its nodes cost on this run (heap growth over node
-        # growth), against glibc's own count on the same loop without memscope: 2.0% above at
-        # 1,000 steps (the estimate of 800 bytes a node was 12.7% above)
+        # growth), against glibc's own count on the same loop without memscope: 1.4-2.4% above
+        # here (idle and loaded), 6.0% below in one CI run whose inventories the 1% budget
+        # stopped at step 459 (2,354 nodes in the window); the estimate of 800 bytes a node is
+        # 12.7% above, so 8% still tells a measurement from the estimate
         (lk,) = report["leaks"]
         heap = graph_malloc()["bytes_per_step"]
-        assert lk["node_bytes_measured"] is True and abs(lk["bytes_per_step"] - heap) <= 0.05 * heap, (lk, heap)
+        assert lk["node_bytes_measured"] is True and abs(lk["bytes_per_step"] - heap) <= 0.08 * heap, (lk, heap)
