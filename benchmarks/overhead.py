@@ -109,6 +109,12 @@ def read_report(db: Path, env: dict[str, str]) -> dict[str, Any]:
     return report
 
 
+def paired_ratios(plain: list[float], other: list[float]) -> list[float]:
+    """Each run of an arm over the plain run just before it: the arms alternate, so a pair
+    shares the machine's load of the moment; their spread says how far one median can be trusted."""
+    return [o / p for p, o in zip(plain, other)]
+
+
 def _load() -> float:
     """1-minute load average (other processes on the machine add noise to the timings)."""
     try:
@@ -194,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median plain:    {med['plain']:.2f} s")
     print(f"median memscope: {med['memscope']:.2f} s")
     print(f"overhead ratio (median whole-run): {ratio:.3f}")
+    pairs = paired_ratios(times["plain"], times["memscope"])
+    print(f"paired ratios (each memscope run / the plain run before it): median {statistics.median(pairs):.3f}, "
+          f"range {min(pairs):.3f}-{max(pairs):.3f}, {len(pairs)} pairs")
     layers_ratio = None
     if "layers" in arms:
         layers_ratio = med["layers"] / med["plain"]
@@ -229,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_times_s": cpu_times,
             "cpu_median_s": cpu_med,
             "cpu_ratio": cpu_ratio,
+            "paired_ratios": pairs,
             "recorded": {"steps": rec_steps, "samples": rec_samples},
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
