@@ -287,7 +287,7 @@ class RunWriter:
             timeout = self.busy_timeout + 4 * DEGRADED_BUSY_S + 2.0
         self._deadline = time.monotonic() + timeout
         self._closing = True
-        if turns.on_thread():
+        if turns.on_thread() or not turns.is_alive():  # (not started: the agent's start failed)
             self._finish()
             return
         turns.hurry(self._turn)
