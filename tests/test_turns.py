@@ -8,8 +8,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, register_process
+import memscope.store.writer as writer_module
 from memscope.store.writer import RunWriter
 from memscope.turns import TurnThread
 
@@ -115,3 +118,55 @@ def test_the_writer_waits_out_a_lock_in_short_turns(tmp_path: Path) -> None:
         assert [s["step"] for s in reader.steps(proc)] == list(range(30))
         assert reader.sample_count() == 29
         assert reader.events("recording_degraded") == []
+
+
+def test_the_spill_file_is_replayed_in_slices_with_new_rows_after(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows spilled behind a lock go back a slice a turn (one 1,000-row chunk here), so the
+    samples beside the writer wait at most one slice; rows queued meanwhile go after them, in
+    order, none twice."""
+    monkeypatch.setattr(writer_module, "REPLAY_TURN_S", 0.0)
+    db = tmp_path / "r.db"
+    create_run(str(db), ["python", "train.py"])
+    proc = register_process(str(db), {"pid": 1, "started": time.time(), "status": "running"})
+    writer = RunWriter(str(db), flush_interval=0.02, busy_timeout=0.1, spill_after=5)
+    writer.proc_id = proc
+    thread = TurnThread("memscope-test")
+    writer.start(thread)
+    seen: set[int] = set()  # where the replay stood at the turns of the job beside the writer
+    stop = threading.Event()
+
+    def beside() -> float | None:
+        if writer._spill_rows:
+            seen.add(writer._spill_offset)
+        return None if stop.is_set() else 0.005
+
+    thread.add(beside)
+    thread.start()
+    blocker = sqlite3.connect(db, isolation_level=None, timeout=10)
+    blocker.execute("BEGIN IMMEDIATE")
+
+    def step(n: int) -> None:
+        writer.insert("steps", {"proc": proc, "step": n, "start": float(n), "end": n + 0.5, "status": "ok"})
+
+    for n in range(5000):
+        step(n)
+    deadline = time.monotonic() + 60
+    while writer.spilled < 5000:
+        assert time.monotonic() < deadline, writer.spilled
+        time.sleep(0.02)
+    blocker.execute("COMMIT")
+    blocker.close()
+    n = 5000
+    while Path(writer.spill_path).exists():  # while the spill file goes back, chunk by chunk
+        assert time.monotonic() < deadline, writer._spill_offset
+        step(n)
+        n += 1
+        time.sleep(0.002)
+    stop.set()
+    writer.close()
+    thread.join(30)
+    assert len(seen - {0}) >= 3  # the other job ran between slices, several times
+    with RunReader(db) as reader:
+        assert [s["step"] for s in reader.steps(proc)] == list(range(n))
+    assert writer.dropped == 0 and not Path(writer.spill_path).exists()

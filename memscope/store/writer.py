@@ -609,8 +609,6 @@ class RunWriter:
             return None
         until = None if budget is None else time.monotonic() + budget
         while True:
-            if until is not None and time.monotonic() > until:
-                return None  # the rest on the next turn
             try:
                 chunk, offset = spill.read(self.spill_path, self._spill_offset, 1000)
             except OSError as exc:  # the file went, or no descriptor left: try again later
@@ -630,6 +628,8 @@ class RunWriter:
                     except _RowRejected as exc:
                         self._rejected(it, str(exc))
             self._spill_offset = offset
+            if until is not None and time.monotonic() > until:
+                return None  # the rest on the next turn (a chunk a turn at least)
         self._spill_rows = 0
         self._spill_offset = 0
         try:
