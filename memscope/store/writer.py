@@ -1,8 +1,10 @@
-"""Writing side of a run file: connection set-up and the batching writer thread.
+"""Writing side of a run file: connection set-up and the batching writer.
 
-Training code only ever calls ``RunWriter.insert`` / ``execute``: a non-blocking enqueue. One
-background thread drains the queue and commits a WAL transaction at least every
-``flush_interval`` seconds.
+Training code only ever calls ``RunWriter.insert`` / ``execute``: a non-blocking enqueue. The
+writer drains the queue and commits a WAL transaction at least every ``flush_interval`` seconds,
+in turns on memscope's one thread (:mod:`memscope.turns`), which the memory samples share: a turn
+never waits long. A lock held by another connection is waited out in short tries, a turn each,
+for up to the busy timeout; past it the file counts as refusing writes (below).
 
 What may be lost and what may not: the run's structure (steps, events, inventories, layer rows,
 OOM records, process status) is never shed. A failed batch is retried; a batch that fails on one
