@@ -1,7 +1,7 @@
 """memscope's own threads, out of sight of the user's tracers (floor: imports nothing of memscope).
 
 ``threading.settrace(f)`` / ``threading.setprofile(f)`` install ``f`` in every thread started
-after the call: a training script's tracer would also trace memscope's sampler and writer (its
+after the call: a training script's tracer would also trace memscope's thread (its
 output would differ under ``memscope attach``). A :class:`QuietThread` starts with neither hook:
 ``threading`` reads them when the new thread boots, so they are held at None from ``start()``
 until the new thread is running, then put back (unless the program changed them meanwhile).

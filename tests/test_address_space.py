@@ -1,12 +1,14 @@
 """Address space (issue #21): a training that fits ``ulimit -v`` plain still fits attached.
 
 Measured on tiny_gpt (20 steps, OMP_NUM_THREADS=1; benchmarks/address_space.py): plain VmPeak
-697 MB; attached, memscope's threads were 3 with 8 MiB stacks and a 64 MiB malloc arena each
-(+226 MB VmPeak; under a limit it needed ~920 MB where plain needs ~680). Now: 2 threads (the
-watchdog is a chore of the sampler) with 2 MiB stacks, +131 to +138 MiB VmPeak, ~820 MB needed. The
-limit below, plain's VmPeak + 160 MB, passes today and failed before (the run died at import).
-glibc gives each thread that mallocs its own arena, so two threads reserve 128 MiB: the
-issue's 64 MB needs one thread, or an arena cap that would change the user's own malloc.
+680-682 MiB. Attached, memscope's threads were 3 with 8 MiB stacks (+221 MiB), then 2 with
+2 MiB stacks (+136 MiB; a limit had to be ~820 MiB), now ONE: the writer's turns, the samples
+and the supervisor watch share a thread (memscope/turns.py): +69 to +71 MiB, trains from a
+760 MiB limit. glibc gives each thread that mallocs an arena of its own, a 64 MiB reservation:
+that one arena, the thread's 2 MiB stack and sqlite3's library are the floor; the issue's 64 MB
+would need no thread at all, or an arena cap that would change the user's own malloc.
+The limit below, plain's VmPeak + 96 MiB, passes now and failed with two threads (the run
+died before its first step).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 from tests.conftest import EXAMPLES, ROOT, SCRIPTS, report_json
 
-MARGIN_MB = 160
+MARGIN_MB = 96
 STEPS = 20
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")

@@ -104,7 +104,7 @@ connect = writer.connect_rw
 
 
 def refuse(*args, **kwargs):  # the agent's writer thread finds the file unusable
-    if threading.current_thread().name == "memscope-writer":
+    if threading.current_thread().name.startswith("memscope"):
         raise RunFileError("injected: the run file refuses the writer")
     return connect(*args, **kwargs)
 

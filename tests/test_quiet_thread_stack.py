@@ -1,5 +1,5 @@
-"""memscope's threads: small stacks without touching the program's own setting, and the
-supervisor watch riding on the sampler thread instead of a thread of its own (issue #21)."""
+"""memscope's thread: a small stack without touching the program's own setting, and the agent's
+periodic jobs (samples, the writer's turns, the supervisor watch) sharing it (issue #21)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import threading
 import pytest
 
 from conftest import ROOT
-from memscope.agent.collectors.sampler import SamplerThread
+from memscope.agent.collectors.sampler import Sampler
 from memscope.quiet_thread import STACK_BYTES
+from memscope.turns import TurnThread
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pthread_getattr_np is glibc's")
 
@@ -78,11 +79,12 @@ def test_a_failing_tick_stops_sampling_but_the_chores_go_on() -> None:
             return False
         return True
 
-    sampler = SamplerThread(200.0, tick, errors.append)
-    sampler.every(0.01, look)
-    sampler.start()
+    turns = TurnThread("memscope-test")
+    turns.add(Sampler(200.0, tick, errors.append))
+    turns.every(0.01, look)
+    turns.start()
     assert watched_on.wait(30)
-    sampler._thread.join(30)  # no tick and no chore left: the thread ends by itself
-    assert not sampler._thread.is_alive()
+    turns.join(30)  # no job left: the thread ends by itself
+    assert not turns.is_alive()
     assert ticks == 1 and len(errors) == 1 and isinstance(errors[0], OSError)
     assert looks == 3

@@ -1,8 +1,10 @@
-"""Writing side of a run file: connection set-up and the batching writer thread.
+"""Writing side of a run file: connection set-up and the batching writer.
 
-Training code only ever calls ``RunWriter.insert`` / ``execute``: a non-blocking enqueue. One
-background thread drains the queue and commits a WAL transaction at least every
-``flush_interval`` seconds.
+Training code only ever calls ``RunWriter.insert`` / ``execute``: a non-blocking enqueue. The
+writer drains the queue and commits a WAL transaction at least every ``flush_interval`` seconds,
+in turns on memscope's one thread (:mod:`memscope.turns`), which the memory samples share: a turn
+never waits long. A lock held by another connection is waited out in short tries, a turn each,
+for up to the busy timeout; past it the file counts as refusing writes (below).
 
 What may be lost and what may not: the run's structure (steps, events, inventories, layer rows,
 OOM records, process status) is never shed. A failed batch is retried; a batch that fails on one
@@ -29,10 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from memscope.quiet_thread import QuietThread
 from memscope.store import fold, spill
 from memscope.store.closing import ClosingConnection
 from memscope.store.schema import RunFileError, migrate
+from memscope.turns import TurnThread
 
 
 def _env_number(name: str, default: float) -> float:
@@ -47,7 +49,12 @@ def _env_number(name: str, default: float) -> float:
 # file refusing (MEMSCOPE_BUSY_TIMEOUT: the tests make it short). Rows are not lost when it
 # passes: they wait in memory, then in the spill file, for as long as the lock lasts.
 BUSY_TIMEOUT_S = _env_number("MEMSCOPE_BUSY_TIMEOUT", 10.0)
-DEGRADED_BUSY_S = 0.5  # once refusing: short tries, so the queue is drained between them
+DEGRADED_BUSY_S = 0.5  # at close, once refusing: the tries after the window
+# The writer shares its thread with the memory samples (memscope/turns.py): a lock is waited
+# out in tries this short, one a turn, so a sample is never held up longer than that
+TURN_BUSY_S = 0.02
+TURN_RETRY_S = 0.05  # between those tries
+REPLAY_TURN_S = 0.1  # spill file replayed in slices this long, a turn each, the samples between
 # Structure rows kept in memory while the file refuses writes; past this they go to the spill
 # file beside the run file (MEMSCOPE_SPILL_AFTER; about 1 KiB of memory each).
 SPILL_AFTER = int(_env_number("MEMSCOPE_SPILL_AFTER", 5000))
@@ -132,8 +139,6 @@ class _Exec:
     sheddable = False
 
 
-_STOP = object()
-
 
 @functools.lru_cache(maxsize=64)
 def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
@@ -196,7 +201,13 @@ class RunWriter:
         self._queued_samples = 0
         self._queued_structure = 0
         self._lock = threading.Lock()  # counters shared by the training and sampler threads
-        self._thread: threading.Thread | None = None
+        self._turns: TurnThread | None = None  # the thread the writer takes turns on
+        self._done = threading.Event()  # set once the writer wrote its last
+        self._closing = False
+        self._deadline = 0.0  # monotonic: when close() stops waiting for the file
+        self._opened = False
+        self._open_tries = 0
+        self._busy_since: float | None = None  # monotonic: when the lock being waited out began
         self._pending: list[object] = []  # structure rows a failed attempt kept for the next
         self._conn: sqlite3.Connection | None = None
         self._reported: str | None = None  # the drop reason last written in an event
@@ -213,9 +224,17 @@ class RunWriter:
         self.fold_error: str | None = None  # why folding stopped (a bug: rows stay whole)
         self._fold_at = 0.0
 
-    def start(self) -> None:
-        self._thread = QuietThread(target=self._run, name="memscope-writer")
-        self._thread.start()
+    def start(self, turns: TurnThread | None = None) -> None:
+        """Write on ``turns``, the thread the agent shares between its jobs (memory samples,
+        the supervisor watch), or on a thread of the writer's own."""
+        if turns is None:
+            turns = TurnThread("memscope-writer")
+            turns.add(self._turn)
+            self._turns = turns
+            turns.start()
+        else:
+            self._turns = turns
+            turns.add(self._turn)
 
     def insert(self, table: str, row: dict[str, Any]) -> bool:
         """Queue a row; never blocks. Returns False (and counts a drop) when it cannot be kept."""
@@ -260,70 +279,167 @@ class RunWriter:
             self._drop_since = time.time()
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush what is queued and stop the thread (bounded wait: what the file does not take
-        by then is left in the spill file, for attach's supervisor to write)."""
-        if self._thread is None:
+        """Flush what is queued and stop writing (bounded wait: what the file does not take by
+        then is left in the spill file, for attach's supervisor to write). Called on the writer's
+        own thread (a job of the agent's), it flushes there and then."""
+        turns = self._turns
+        if turns is None or self._done.is_set():
             return
-        if timeout is None:  # one full busy wait, then the short tries and the spill
+        if timeout is None:  # the lock's window, then the short tries and the spill
             timeout = self.busy_timeout + 4 * DEGRADED_BUSY_S + 2.0
-        deadline = time.monotonic() + timeout
-        self._q.put_nowait(_STOP)
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        self._thread = None
+        self._deadline = time.monotonic() + timeout
+        self._closing = True
+        if turns.on_thread() or not turns.is_alive():  # (not started: the agent's start failed)
+            self._finish()
+            return
+        turns.hurry(self._turn)
+        self._done.wait(max(0.0, self._deadline - time.monotonic()))
 
-    # -- the writer thread ---------------------------------------------------------------------
+    # -- the writer's turns (on the agent's one thread) ----------------------------------------
 
-    def _run(self) -> None:
-        # A failed open is tried again (a disk that frees up); after the last try every row is
-        # counted as dropped. A lock held by another process is waited out however long it
-        # lasts, the rows kept meanwhile as while writing (memory, then the spill file).
-        tries = 0
-        stop_seen = False
-        while True:
-            timeout = self.busy_timeout if tries == 0 else min(self.busy_timeout, DEGRADED_BUSY_S)
-            try:
-                self._conn = connect_rw(self.path, timeout)
-                if self.on_connect is not None:
-                    self.on_connect(self._conn)
-                if self.file_id is None:
-                    st = os.stat(self.path)
-                    self.file_id = (st.st_dev, st.st_ino)
-                break
-            except Exception as exc:
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
-                locked = isinstance(exc, sqlite3.Error) and _is_busy(exc)
-                if isinstance(exc, RunFileError) or (not locked and tries >= len(RETRY_S)):
-                    with self._lock:  # not a run file, or one that will not open: no point
-                        self.error = f"cannot open run file: {exc}"
-                        n, steps = self._discard_queue()
-                        self._count_drop(False, self.error, n + len(self._pending),
-                                         steps + sum(_is_step(it) for it in self._pending))
-                        self._pending = []
-                    return
-                if stop_seen and tries >= len(RETRY_S):
-                    # the process ends behind the lock: the supervisor writes the rows
-                    if self._pending:
-                        self._spill(self._pending, self.last_error or "locked")
-                        self._pending = []
-                    self.handed_off = self._spill_rows
-                    return
-                if stop_seen:
-                    time.sleep(RETRY_S[min(tries, len(RETRY_S) - 1)])
-                    batch: list[object] = []
-                else:
-                    batch, stop_seen = self._drain(RETRY_S[min(tries, len(RETRY_S) - 1)])
-                self._take(batch)
-                self._refused(exc, self._pending + batch)
-                tries += 1
-        if stop_seen:
-            self._q.put_nowait(_STOP)  # flush what waited, then stop
+    def _turn(self) -> float | None:
+        """One turn: open the file or write what is queued, without a long wait (the thread's
+        other jobs, the memory samples, wait meanwhile). The seconds until the next turn; None
+        once the writer is done."""
+        if self._done.is_set():
+            return None
+        if self._closing:
+            self._finish()
+            return None
         try:
-            self._loop()
-        finally:
+            if self._conn is None and not self._opened:
+                return self._open_turn()
+            # while a lock is waited out, the rows a try holds are tried again and the newer
+            # ones stay in the queue, under its bounds
+            self._attempt([] if self._waiting() and self._pending else self._drain_now(), final=False)
+        except Exception:  # noqa: BLE001 - a bug here must not end the recording
+            pass
+        if self._done.is_set():
+            return None
+        if self._spill_rows and self.degraded_since is None:
+            return 0.0  # replaying the spill file, a slice a turn
+        if self._waiting():
+            return TURN_RETRY_S
+        if self._pending:
+            return RETRY_S[min(self._retry, len(RETRY_S) - 1)]
+        return self.flush_interval
+
+    def _waiting(self) -> bool:
+        """Whether a lock is being waited out (within the busy window, not yet degraded)."""
+        return self._busy_since is not None and self.degraded_since is None
+
+    def _waits(self, exc: BaseException | None) -> bool:
+        """Whether ``exc`` is a lock to wait out a turn longer: the file was busy, and has been
+        for less than the busy timeout (past it, the file is refusing: the rows spill)."""
+        if not (isinstance(exc, _FileRefused) and _is_busy(exc.error)) or self.degraded_since is not None:
+            return False
+        now = time.monotonic()
+        if self._busy_since is None:
+            self._busy_since = now
+        return now - self._busy_since < self.busy_timeout
+
+    def _open_turn(self) -> float | None:
+        """One try at opening the run file. A failed open is tried again (a disk that frees
+        up); after the last try every row is counted as dropped. A lock held by another process
+        is waited out however long it lasts, the rows kept meanwhile as while writing (memory,
+        then the spill file)."""
+        try:
+            self._conn = connect_rw(self.path, self._try_s())
+            if self.on_connect is not None:
+                self.on_connect(self._conn)
+            if self.file_id is None:
+                st = os.stat(self.path)
+                self.file_id = (st.st_dev, st.st_ino)
+        except Exception as exc:
             if self._conn is not None:
                 self._conn.close()
+                self._conn = None
+            locked = isinstance(exc, sqlite3.Error) and _is_busy(exc)
+            if isinstance(exc, RunFileError) or (not locked and self._open_tries >= len(RETRY_S)):
+                with self._lock:  # not a run file, or one that will not open: no point
+                    self.error = f"cannot open run file: {exc}"
+                    n, steps = self._discard_queue()
+                    samples = sum(1 for it in self._pending if getattr(it, "sheddable", False))
+                    if samples:
+                        self._count_drop(True, self.error, samples)
+                    self._count_drop(False, self.error, n + len(self._pending) - samples,
+                                     steps + sum(_is_step(it) for it in self._pending))
+                    self._pending = []
+                self._done.set()
+                return None
+            if isinstance(exc, sqlite3.Error) and locked and self._waits(_FileRefused(exc)):
+                return TURN_RETRY_S
+            batch = self._drain_now()
+            self._take(batch)
+            self._refused(exc, self._pending + batch, since=self._since())
+            self._open_tries += 1
+            return RETRY_S[min(self._open_tries - 1, len(RETRY_S) - 1)]
+        self._opened = True
+        self._busy_since = None
+        return 0.0  # what waited: at once
+
+    def _try_s(self) -> float:
+        """The busy timeout of one try: short on a turn, so the samples keep their cadence."""
+        return min(self.busy_timeout, TURN_BUSY_S)
+
+    def _since(self) -> float:
+        """When the current write failures began (wall clock): the start of the lock waited out."""
+        if self._busy_since is None:
+            return time.time()
+        return time.time() - (time.monotonic() - self._busy_since)
+
+    def _finish(self) -> None:
+        """At close: the last writes, waiting out a lock until the deadline; what the file did
+        not take is left in the spill file for the supervisor (or counted as lost)."""
+        self._closing = True
+        try:
+            if self._conn is None and not self._opened:
+                while not self._done.is_set() and not self._opened and time.monotonic() < self._deadline:
+                    delay = self._open_turn()
+                    if delay is not None and not self._opened:
+                        time.sleep(min(delay, max(0.0, self._deadline - time.monotonic())))
+                if self._done.is_set():
+                    return
+                if not self._opened:  # the process ends behind the lock: the supervisor writes the rows
+                    batch = self._drain_now()
+                    self._take(batch)
+                    rows = self._pending + batch
+                    self._pending = []
+                    self._spill(rows, self.last_error or "locked")
+                    self.handed_off = self._spill_rows
+                    return
+            self._attempt(self._drain_now(), final=True)
+            while self._waiting() and time.monotonic() < self._deadline:
+                time.sleep(TURN_RETRY_S)
+                self._attempt(self._drain_now(), final=True)
+            if self._waiting():  # the deadline came first: the file refuses, as far as we wait
+                self._busy_since = None
+                items, self._pending = self._pending, []
+                self._refused(_FileRefused(sqlite3.OperationalError("database is locked")), items,
+                              since=self._since())
+            self._finish_tail()
+        finally:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except sqlite3.Error:
+                    pass
+                self._conn = None
+            self._done.set()
+
+    def _finish_tail(self) -> None:
+        if self._pending or self._spill_rows or self._reported != self._drop_reason:
+            self._attempt([], final=True)  # last try: the file may have room again
+        if not self._pending and not self._spill_rows and self.degraded_since is None:
+            self._fold(time.time())  # the steps since the last fold, but for the tail
+        if self._pending:  # not written: to the spill file for the supervisor, else lost
+            self._spill(self._pending, self.last_error or "write failed")
+            self._pending = []
+        if self._spill_rows:  # why rows were shed meanwhile, written after them
+            self._spill(self._report_rows(time.time()), "")
+        self.handed_off = self._spill_rows
+        if self.dropped_structure and self.error is None:
+            self._final_report()
 
     def _take(self, batch: list[object]) -> None:
         """``batch`` left the queue: its rows no longer count against the queue's bounds."""
@@ -340,40 +456,16 @@ class RunWriter:
                 item = self._q.get_nowait()
             except queue.Empty:
                 return rows, steps
-            rows += item is not _STOP
+            rows += 1
             steps += _is_step(item)
 
-    def _loop(self) -> None:
-        stopping = False
-        while not stopping:
-            wait = self.flush_interval if not self._pending else RETRY_S[min(self._retry, len(RETRY_S) - 1)]
-            batch, stopping = self._drain(wait)
-            self._attempt(batch, final=stopping)
-        if self._pending or self._spill_rows or self._reported != self._drop_reason:
-            self._attempt([], final=True)  # last try: the file may have room again
-        if not self._pending and not self._spill_rows and self.degraded_since is None:
-            self._fold(time.time())  # the steps since the last fold, but for the tail
-        if self._pending:  # not written: to the spill file for the supervisor, else lost
-            self._spill(self._pending, self.last_error or "write failed")
-            self._pending = []
-        if self._spill_rows:  # why rows were shed meanwhile, written after them
-            self._spill(self._report_rows(time.time()), "")
-        self.handed_off = self._spill_rows
-        if self.dropped_structure and self.error is None:
-            self._final_report()
-
-    def _drain(self, wait: float) -> tuple[list[object], bool]:
+    def _drain_now(self) -> list[object]:
         batch: list[object] = []
-        deadline = time.monotonic() + wait
         while True:
-            remaining = deadline - time.monotonic()
             try:
-                item = self._q.get(timeout=remaining) if remaining > 0 else self._q.get_nowait()
+                batch.append(self._q.get_nowait())
             except queue.Empty:
-                return batch, False
-            if item is _STOP:
-                return batch, True
-            batch.append(item)
+                return batch
 
     def _attempt(self, batch: list[object], final: bool) -> None:
         """Write the pending structure rows, ``batch``, the drop report and the heartbeat.
@@ -400,9 +492,13 @@ class RunWriter:
             self._file_lost(gone, items)
             return
         try:
-            refusal = self._replay_spill()
+            refusal = self._replay_spill(None if final else REPLAY_TURN_S)
             if refusal is not None:
                 left = report + meta + items
+            elif self._spill_rows:
+                # more to replay on the next turns: the new rows go after those, in order
+                self._spill(items, "the spill file is being replayed")
+                left, refusal = self._write_all(report + meta, [])
             else:
                 # the reason and the heartbeat first: when the disk is nearly full, the small
                 # transaction that says why may fit where the rows no longer do
@@ -416,9 +512,14 @@ class RunWriter:
         if meta and not any(id(it) in own for it in left):
             self._beat_at = now
         if refusal is not None:
-            # those: made afresh; the errors began when this attempt did (it waited the busy timeout)
-            self._refused(refusal, [it for it in left if id(it) not in own], since=now)
+            rest = [it for it in left if id(it) not in own]  # the others: made afresh
+            if self._waits(refusal):
+                self._pending = rest  # a lock within the busy window: a turn later (samples too)
+                return
+            # the errors began when the lock being waited out did
+            self._refused(refusal, rest, since=self._since())
             return
+        self._busy_since = None
         if self.degraded_since is not None:
             self._recovered(now)
         elif now - self._fold_at >= fold.FOLD_EVERY_S:
@@ -502,11 +603,13 @@ class RunWriter:
         self.handed_off += 1
         return True
 
-    def _replay_spill(self) -> BaseException | None:
-        """Write the spill file's rows, oldest first, in chunks; None when all are in the file
-        (it is removed then), else why the file refused."""
+    def _replay_spill(self, budget: float | None) -> BaseException | None:
+        """Write the spill file's rows, oldest first, in chunks, for about ``budget`` seconds
+        (None: all); None when the file took them (it is removed once all are in), else why
+        the file refused."""
         if not self._spill_rows:
             return None
+        until = None if budget is None else time.monotonic() + budget
         while True:
             try:
                 chunk, offset = spill.read(self.spill_path, self._spill_offset, 1000)
@@ -527,6 +630,8 @@ class RunWriter:
                     except _RowRejected as exc:
                         self._rejected(it, str(exc))
             self._spill_offset = offset
+            if until is not None and time.monotonic() > until:
+                return None  # the rest on the next turn (a chunk a turn at least)
         self._spill_rows = 0
         self._spill_offset = 0
         try:
@@ -674,9 +779,8 @@ class RunWriter:
             if self.error is not None:
                 raise _FileRefused(sqlite3.OperationalError(self.error))
             # while the file refuses: short tries, so the training's rows are drained between
-            timeout = self.busy_timeout if self.degraded_since is None else min(self.busy_timeout, DEGRADED_BUSY_S)
             try:
-                conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
+                conn = sqlite3.connect(self.path, timeout=self._try_s(), isolation_level=None,
                                        check_same_thread=False)
                 tune(conn)
                 if self.on_connect is not None:

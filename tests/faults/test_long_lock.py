@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from faults.runs import LOOP, finish, integrity, report, steps_recorded, wait_steps, wait_until
+from faults.runs import LOOP, finish, integrity, report, start_attach, steps_recorded, wait_steps, wait_until
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, register_process
 from memscope.store.spill import spill_files, spill_path, total_size
@@ -116,6 +116,34 @@ def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
     assert any("written then" in line for line in data["run"]["recording"])
     with RunReader(db) as reader:  # the process's own last word came through the spill file
         assert [p["status"] for p in reader.processes()] == ["stopped"]
+
+
+def test_samples_keep_their_cadence_behind_a_5s_lock(tmp_path: Path) -> None:
+    """The writer and the sampler share one thread (issue 21, address space): a lock shorter
+    than the busy window (10 s by default) is waited out in short tries, one a turn, so the
+    samples go on at their cadence (20 a second) and reach the file when the lock goes. The
+    training holds meanwhile (no step boundary takes a sample of its own): every sample of the
+    5 s is the thread's. A writer that waited in one long busy wait would leave a 5 s hole."""
+    db = tmp_path / "r.db"
+    go_on = tmp_path / "go-on"
+    proc = start_attach(db, LOOP, "--steps", "40", "--hold-at", "20", "--hold-file", str(go_on))
+    wait_steps(db, 20, proc)
+    lock = Lock(db)
+    held_from = time.time()
+    time.sleep(5.0)
+    held_until = time.time()
+    lock.release()
+    go_on.touch()
+    code, _out, err = finish(proc)
+    assert code == 0, err
+    assert steps_recorded(db) == list(range(40))
+    with RunReader(db) as reader:
+        assert reader.events("recording_degraded") == []  # within the window: nothing shed
+        stamps = [t for (t,) in reader.conn.execute("SELECT t FROM samples ORDER BY t")]
+    during = [held_from] + [t for t in stamps if held_from < t < held_until] + [held_until]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    # 100 samples at 20 a second; a generous bound for a loaded machine, 5 s if they stalled
+    assert len(during) - 2 >= 40 and max(gaps) < 1.0, (len(during) - 2, max(gaps))
 
 
 def _training_gone(supervisor: int) -> bool:

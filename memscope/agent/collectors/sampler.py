@@ -1,4 +1,4 @@
-"""The sampler thread and the per-step peak bookkeeping it shares with step boundaries."""
+"""The sampler (a job of the agent's one thread) and the per-step peak bookkeeping it shares with step boundaries."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import os
 import resource
 import sys
 import threading
-import time
-from typing import Any, Callable
-
-from memscope.quiet_thread import QuietThread
+from typing import Callable
 
 
 def rss_high_water_mark() -> int:
@@ -95,61 +92,31 @@ class StepPeak:
         return peak
 
 
-class SamplerThread:
-    """Calls ``tick`` at a fixed rate until stopped; a failing tick stops the sampling.
-
-    Chores (:meth:`every`) share this thread rather than start their own: each thread costs the
+class Sampler:
+    """Calls ``tick`` at a fixed rate as a job of the agent's one thread
+    (:class:`memscope.turns.TurnThread`), never a thread of its own: each thread costs the
     process a stack and a malloc arena (64 MiB of address space under glibc), which a training
-    under ``ulimit -v`` may need. A chore that raises is dropped; the others go on.
-    """
+    under ``ulimit -v`` may need. A failing tick stops the sampling (``on_error`` says why)."""
 
     def __init__(self, hz: float, tick: Callable[[], None],
                  on_error: Callable[[BaseException], None]) -> None:
-        self._interval = 1.0 / hz
+        self.interval = 1.0 / hz
         self._tick: Callable[[], None] | None = tick
         self._on_error = on_error
-        self._stop = threading.Event()
-        self._chores: list[list[Any]] = []  # [interval, next due (monotonic), fn]
-        self._thread = QuietThread(target=self._run, name="memscope-sampler")
 
-    def every(self, interval: float, chore: Callable[[], bool]) -> None:
-        """Run ``chore`` about every ``interval`` seconds on this thread until it returns False."""
-        self._chores.append([interval, time.monotonic() + interval, chore])
+    def __call__(self) -> float | None:
+        """One turn: a sample; the seconds until the next, or None once sampling stopped."""
+        tick = self._tick
+        if tick is None:
+            return None
+        try:
+            tick()
+        except BaseException as exc:  # noqa: BLE001 - report and stop, never raise into the process
+            self._tick = None
+            self._on_error(exc)
+            return None
+        return self.interval
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._wait()):
-            if self._tick is not None:
-                try:
-                    self._tick()
-                except BaseException as exc:  # noqa: BLE001 - report and stop, never raise into the process
-                    self._tick = None
-                    self._on_error(exc)
-            self._run_chores()
-            if self._tick is None and not self._chores:
-                return
-
-    def _wait(self) -> float:
-        if self._tick is not None or not self._chores:
-            return self._interval
-        return max(0.0, min(c[1] for c in self._chores) - time.monotonic())
-
-    def _run_chores(self) -> None:
-        now = time.monotonic()
-        for chore in list(self._chores):
-            if now < chore[1]:
-                continue
-            chore[1] = now + chore[0]
-            try:
-                keep = chore[2]()
-            except Exception:  # noqa: BLE001 - a chore that fails is dropped, never raised
-                keep = False
-            if not keep:
-                self._chores.remove(chore)
+    def stop(self) -> None:
+        """No tick after the one running now, if any."""
+        self._tick = None

@@ -30,12 +30,13 @@ from memscope.agent.collectors.layers import LayerProfiler
 from memscope.agent.collectors.leak_collector import LeakCollector
 from memscope.agent.collectors.oom import OomRecorder, is_oom
 from memscope.agent.collectors.oom_hooks import alloc_conf
-from memscope.agent.collectors.sampler import RssReader, SamplerThread, StepPeak, rss_high_water_mark
+from memscope.agent.collectors.sampler import RssReader, Sampler, StepPeak, rss_high_water_mark
 from memscope.agent.collectors.steps import StepTracker
 from memscope.agent.runtime.watchdog import SupervisorWatch
 from memscope.store.runs import finish_run, register_process
 from memscope.store.schema import RunFileError
 from memscope.store.writer import RunWriter
+from memscope.turns import TurnThread
 
 _DEVICE_RESCAN_S = 1.0
 
@@ -79,7 +80,9 @@ class Agent:
         self._tracker = StepTracker(self._on_step_close)
         self._tracker.on_close_error = self._step_close_failed
         self._step_failures: set[str] = set()  # parts of a step boundary that failed (said once)
-        self._sampler = SamplerThread(options.sample_hz, self._tick, self._sampler_failed)
+        self._sampler = Sampler(options.sample_hz, self._tick, self._sampler_failed)
+        # the one thread memscope starts here: the writer's turns, the samples, the watch
+        self._turns = TurnThread("memscope")
         self._rss_peak = StepPeak(rss_high_water_mark())
         self._cuda_enabled = True
         self._cuda_devices: list[int] = []
@@ -117,7 +120,7 @@ class Agent:
         # the writer stamps this row about every second: heartbeat, drop count, samples so far
         self._writer.proc_id = self.proc_id
         self._writer.samples = lambda: self.samples
-        self._writer.start()
+        self._writer.start(self._turns)
         self._tracker.install()
         self._tracker.on_error = self._backward_error
         # torch.compile(module) results, seen being built: asking costs nothing per step
@@ -135,8 +138,9 @@ class Agent:
         if supervisor is not None and not self.owns_run:
             self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
             self._watch.start()
-            self._sampler.every(self._watch.interval, self._watch.check)  # no thread of its own
-        self._sampler.start()
+            self._turns.every(self._watch.interval, self._watch.check)  # no thread of its own
+        self._turns.add(self._sampler, self._sampler.interval)
+        self._turns.start()
         self._layers_next(0)
 
     def _supervisor_gone(self, pid: int) -> None:

@@ -2,8 +2,8 @@
 
 The supervisor's direct child gets ``PR_SET_PDEATHSIG`` from the kernel; this thread covers every
 instrumented process below it as well (a script started through ``bash run.sh``, torchrun's
-workers), and on any system: about once a second (a chore of the sampler thread, not a thread of
-its own: see :class:`~memscope.agent.collectors.sampler.SamplerThread`) it checks that the supervisor's pid
+workers), and on any system: about once a second (a job of the agent's one thread, not a thread of
+its own: see :mod:`memscope.turns`) it checks that the supervisor's pid
 still names the process it named at start. When it is gone (SIGKILLed, say) nobody is left to record how the
 run ended, so the agent says why in the run file, flushes, and ends its own process.
 """
@@ -46,7 +46,7 @@ class SupervisorWatch:
 
     def check(self) -> bool:
         """One look; False once there is nothing more to watch (stopped, or the supervisor gone).
-        A look that raises stops the watch (the sampler drops a chore that raises)."""
+        A look that raises stops the watch (the thread drops a job that raises)."""
         if self._stopped:
             return False
         if self.alive():
