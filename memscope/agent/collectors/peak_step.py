@@ -19,7 +19,7 @@ Not measured (the reading side does without, or has better):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memscope.agent.collectors.tensor_peak import TensorPeak, dispatch_mode_on_top
 from memscope.agent.runtime.config import AgentOptions
@@ -48,9 +48,11 @@ class PeakStep:
     """``step_opening(n)`` at the boundary before step n, ``step_closed(n)`` at the one after it
     (before ``--max-steps`` can end the process there), ``stop()`` at agent stop."""
 
-    def __init__(self, host: "CollectorHost", on_cuda: Callable[[], bool]) -> None:
+    def __init__(self, host: "CollectorHost", on_cuda: Callable[[], bool],
+                 live_tensors: Callable[[], list[Any] | None] | None = None) -> None:
         self.host = host
         self.on_cuda = on_cuda
+        self.live_tensors = live_tensors  # the registry of live tensors: no gc walk
         self.step = peak_step(host.options)
         self.peak: TensorPeak | None = None
 
@@ -61,7 +63,7 @@ class PeakStep:
             why = self._skip_reason()
             if why is None:
                 self.peak = TensorPeak()
-                self.peak.begin(step)
+                self.peak.begin(step, self.live_tensors)
             elif why:
                 self.host.event("tensor_peak_skipped", f"step {step}: live tensor peak not measured: {why}",
                                 {"step": step, "why": why})

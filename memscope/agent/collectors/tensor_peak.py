@@ -56,7 +56,11 @@ class TensorPeak:
         self.stuck: Any = None  # a mode left on the stack under the program's own (see leave)
         self._thread: int | None = None
 
-    def begin(self, step: int) -> None:
+    def begin(self, step: int, tensors: Callable[[], list[Any] | None] | None = None) -> None:
+        """Count what is live and start counting what the step's ops make. ``tensors``: every
+        live tensor with a Python object (the agent's registry of live tensors, a list the
+        caller may keep: it is cleared here), or None: a gc walk finds them (25 ms after a bare
+        ``import torch``, 100 ms in a process with memscope's agent and its imports)."""
         import gc
 
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -75,13 +79,18 @@ class TensorPeak:
             self.live, self._refs = {}, set()
             self.total = self.peak = self.uncounted = 0
             self._grads, self.grads_live, self.grads_at_peak = set(), 0, 0
+        found = tensors() if tensors is not None else None
         with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns
             warnings.simplefilter("ignore")  # (torch.distributed.reduce_op): not into the script's output
-            for obj in gc.get_objects():
-                if isinstance(obj, torch.Tensor):
-                    self.add(obj)
-                    if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
-                        self._add_grad(obj.grad)
+            try:
+                for obj in found if found is not None else gc.get_objects():
+                    if isinstance(obj, torch.Tensor):
+                        self.add(obj)
+                        if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
+                            self._add_grad(obj.grad)
+            finally:
+                if found is not None:
+                    found.clear()  # strong references to the program's tensors
         self.start = self.total
         self.grads_at_peak = self.grads_live
         self.active = True

@@ -96,7 +96,8 @@ class Agent:
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
         # one step's exact live-tensor peak on CPU (the allocator's on CUDA): for the suggestions
-        self._peak = PeakStep(self, lambda: self._cuda_enabled and bool(cuda.cuda_devices_in_use()))
+        self._peak = PeakStep(self, lambda: self._cuda_enabled and bool(cuda.cuda_devices_in_use()),
+                              self._leaks.live_tensors)
         self._watch: SupervisorWatch | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
