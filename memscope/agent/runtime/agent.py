@@ -27,10 +27,10 @@ from memscope.agent.torchcompat import frameworks
 from memscope.agent.torchcompat.compiled import compiled_seen
 from memscope.agent.runtime.config import ENV_DB_ID, ENV_SUPERVISOR, AgentOptions, techniques_wanted
 from memscope.agent.collectors.layers import LayerProfiler
+from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.leak_collector import LeakCollector
 from memscope.agent.collectors.oom import OomRecorder, is_oom
 from memscope.agent.collectors.oom_hooks import alloc_conf
-from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.sampler import RssReader, SamplerThread, StepPeak, rss_high_water_mark
 from memscope.agent.collectors.steps import StepTracker
 from memscope.agent.runtime.watchdog import SupervisorWatch
