@@ -56,7 +56,7 @@ from memscope.units import human_bytes  # noqa: E402
 
 TP = ROOT / "tests" / "thirdparty"
 STEPS = 3  # per run: step 0 warms up, steps 1.. are measured
-PLAIN_STEPS = 4  # the plain attach run: its one-step tensor peak is step 2 (memscope.agent.collectors.step_peak)
+PLAIN_STEPS = 4  # the plain attach run: its one-step tensor peak is step 2 (memscope.agent.collectors.peak_step)
 MEASURED_BY_WHATIF = ("mixed_precision", "activation_checkpointing", "lighter_optimizer")
 NANOGPT_ARGS = ["--steps", "1000", "--batch-size", "16", "--block-size", "64", "--n-layer", "3",
                 "--n-head", "4", "--n-embd", "96", "--device", "cpu"]
