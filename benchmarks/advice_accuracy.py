@@ -21,7 +21,10 @@ configs) and examples/scenarios/nanogpt.py:
   .grad tensors, but they stay live through every micro-batch after the first, where these
   scripts free them (``zero_grad()`` ahead of the forward or its backward) before their peak;
   the smaller batch alone saves that much more (word_language_model: 42.6 MiB against 27.9 MiB
-  accumulated, its 14.7 MiB of gradients).
+  accumulated, its 14.7 MiB of gradients);
+* each script is also run under ``memscope attach --headless`` at its defaults (PLAIN_STEPS
+  steps: a plain run measures its live-tensor peak on one step), and that report's figures are
+  set beside the same measurements (rows "NAME, plain attach").
 
     .venv/bin/python benchmarks/advice_accuracy.py              # the whole table (markdown)
     .venv/bin/python benchmarks/advice_accuracy.py --case ng_video_lecture --json
@@ -53,6 +56,7 @@ from memscope.units import human_bytes  # noqa: E402
 
 TP = ROOT / "tests" / "thirdparty"
 STEPS = 3  # per run: step 0 warms up, steps 1.. are measured
+PLAIN_STEPS = 4  # the plain attach run: its one-step tensor peak is step 2 (memscope.agent.collectors.peak_step)
 MEASURED_BY_WHATIF = ("mixed_precision", "activation_checkpointing", "lighter_optimizer")
 NANOGPT_ARGS = ["--steps", "1000", "--batch-size", "16", "--block-size", "64", "--n-layer", "3",
                 "--n-head", "4", "--n-embd", "96", "--device", "cpu"]
@@ -77,6 +81,13 @@ class Case:
             i = self.args.index(self.batch_flag) + 1
             args = [*self.args[:i], micro, *self.args[i + 1:]]
         return [*args, "--accumulate", str(ACCUMULATION)]
+
+    def steps_args(self, steps: int) -> list[str]:
+        """Its arguments with its step count (the first argument; nanoGPT's ``--steps``) set."""
+        if "--steps" in self.args:
+            i = self.args.index("--steps") + 1
+            return [*self.args[:i], str(steps), *self.args[i + 1:]]
+        return [str(steps), *self.args[1:]]
 
 
 def case(name: str) -> Case:
@@ -146,6 +157,33 @@ def record(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_W
             raise RuntimeError(f"{case.name}: the accumulation run failed: {child.last_error()}")
 
 
+def record_plain(case: Case, workdir: str) -> None:
+    """``memscope attach --headless`` at its defaults, as a user runs it, for PLAIN_STEPS steps
+    (the script's own step count): the run whose ``report`` gives the plain figures."""
+    db = _db(case, workdir, "plain")
+    if os.path.exists(db):
+        return
+    cmd = [sys.executable, "-m", "memscope", "attach", "--headless", "--db", db, str(case.script),
+           *case.steps_args(PLAIN_STEPS)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{case.name}: the plain attach run failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+def plain_rows(case: Case, workdir: str) -> list[Row]:
+    """The plain attach run's figures (case named "NAME, plain attach") against the same
+    measured savings as the whatif baseline's (``analyse``'s rows)."""
+    with RunReader(_db(case, workdir, "plain")) as reader:
+        figures = {s.technique: s.estimated_saving_bytes for s in suggest(reader)}
+    return [_row(f"{case.name}, plain attach", r.technique, figures.get(r.technique), r.measured)
+            for r in analyse(case, workdir, _trials(case, workdir)) if r.measured is not None]
+
+
+def _trials(case: Case, workdir: str) -> tuple[str, ...]:
+    """The whatif trials recorded under ``workdir``."""
+    return tuple(t for t in MEASURED_BY_WHATIF if os.path.exists(_db(case, workdir, t)))
+
+
 def _measure(db: str) -> Any:
     with RunReader(db) as reader:
         return measure(reader)
@@ -192,7 +230,8 @@ def analyse(case: Case, workdir: str, techniques: tuple[str, ...] = MEASURED_BY_
 
 def run_case(case: Case, workdir: str) -> list[Row]:
     record(case, workdir)
-    return analyse(case, workdir)
+    record_plain(case, workdir)
+    return analyse(case, workdir) + plain_rows(case, workdir)
 
 
 def markdown(rows: list[Row]) -> str:

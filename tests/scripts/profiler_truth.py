@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from memscope.agent.whatif import techniques
-from memscope.agent.whatif.techniques import TensorPeak
+from memscope.agent.collectors import tensor_peak as techniques
+from memscope.agent.collectors.tensor_peak import TensorPeak
 
 mode = sys.argv[1]
 if "--skip-sparse" in sys.argv:

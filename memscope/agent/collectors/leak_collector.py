@@ -41,6 +41,11 @@ class LeakCollector:
     def enabled(self) -> bool:
         return self.schedule.every > 0
 
+    def live_tensors(self) -> list[Any] | None:
+        """Every live tensor with a Python object, from the registry (strong references: the
+        caller clears the list); None when the registry does not run (inventories off)."""
+        return self.live.tensors() if self.enabled and self.live.installed else None
+
     def start(self) -> None:
         """At agent start: the registry of live tensors (skipped when inventories are off)."""
         if not self.enabled:

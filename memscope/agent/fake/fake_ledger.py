@@ -2,7 +2,7 @@
 the script creates under FakeTensorMode, with its size, without the memory.
 
 :class:`Ledger` mirrors the exact live-tensor counter ``whatif`` measures real runs with
-(memscope.agent.whatif.techniques.TensorPeak): a storage is counted once when an op returns it and
+(memscope.agent.collectors.tensor_peak.TensorPeak): a storage is counted once when an op returns it and
 subtracted when it dies (a weakref callback on the storage object, which Python keeps while the
 storage lives). It also keeps what a plan needs: each storage's category (parameters,
 gradients, optimizer state, activations saved for backward, other), the live set at the peak,

@@ -27,6 +27,7 @@ from memscope.agent.torchcompat import frameworks
 from memscope.agent.torchcompat.compiled import compiled_seen
 from memscope.agent.runtime.config import ENV_DB_ID, ENV_SUPERVISOR, AgentOptions, techniques_wanted
 from memscope.agent.collectors.layers import LayerProfiler
+from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.leak_collector import LeakCollector
 from memscope.agent.collectors.oom import OomRecorder, is_oom
 from memscope.agent.collectors.oom_hooks import alloc_conf
@@ -97,6 +98,9 @@ class Agent:
         self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
+        # one step's exact live-tensor peak on CPU (the allocator's on CUDA): for the suggestions
+        self._peak = PeakStep(self, lambda: self._cuda_enabled and bool(cuda.cuda_devices_in_use()),
+                              self._leaks.live_tensors)
         self._watch: SupervisorWatch | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -161,6 +165,7 @@ class Agent:
             self._watch.stop()
         self._tracker.remove()
         self._layers_stop()
+        self._peak.stop()
         if self._whatif is not None:
             self._whatif.stop()
         self._leaks.stop()
@@ -189,6 +194,7 @@ class Agent:
         self.running = False
         self._tracker.enabled = False
         self._layers.active = False
+        self._peak.after_fork()
         self._leaks.after_fork()
 
     # -- per-layer profiling -------------------------------------------------------------------
@@ -399,6 +405,7 @@ class Agent:
         self._writer.count_lost_step(f"a step boundary failed: {type(exc).__name__}: {exc}")
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
+        self._peak.step_closed(step)  # first: the boundary's own tensor work is not the step's
         self._step_part("layers", lambda: self._layers_close(step))
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
@@ -434,6 +441,7 @@ class Agent:
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)
+        self._peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
 
     # -- out-of-memory post-mortems ------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The storages that hold a tensor's memory, for the agent's exact live-tensor counters
-(whatif's :class:`memscope.agent.whatif.techniques.TensorPeak`, the fake run's ledger).
+(whatif's :class:`memscope.agent.collectors.tensor_peak.TensorPeak`, the fake run's ledger).
 
 A strided tensor has one storage; a sparse tensor has none of its own (``untyped_storage()``
 raises) but holds its index and value tensors' storages; a meta tensor holds no memory at all.

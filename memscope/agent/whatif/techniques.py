@@ -1,7 +1,8 @@
 """What ``memscope whatif`` needs inside the training process: memory-saving techniques applied
 to an unchanged script (``--try``), the exact per-step peak of live tensor bytes that measures
-them on CPU (:class:`TensorPeak`), the step limit that ends a trial (``--max-steps``), and the
-``--simulate-gpu`` cap (memscope.agent.whatif.simulate). :class:`Controller` is the agent's one entry.
+them on CPU (:class:`memscope.agent.collectors.tensor_peak.TensorPeak`, on every step here),
+the step limit that ends a trial (``--max-steps``), and the ``--simulate-gpu`` cap
+(memscope.agent.whatif.simulate). :class:`Controller` is the agent's one entry.
 
 * ``lighter_optimizer``: ``torch.optim.Adam`` / ``AdamW`` are replaced, at agent start (right
   after ``import torch``, before the script builds anything), by a subclass of
@@ -33,15 +34,13 @@ from __future__ import annotations
 import functools
 import math
 import threading
-import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.nn.modules import module as _nn_module
 
-from memscope.agent.torchcompat.storages import storages
-from memscope.agent.torchcompat.unseen import unseen
+from memscope.agent.collectors.tensor_peak import TensorPeak
 
 if TYPE_CHECKING:
     from memscope.agent.collectors.host import CollectorHost
@@ -90,144 +89,6 @@ class Controller:
                 agent.event("collector_disabled", f"tensor_peak: {type(exc).__name__}: {exc}")
         if agent.options.max_steps and step + 1 >= agent.options.max_steps:
             end_at_max_steps(agent, step + 1)
-
-
-class TensorPeak:
-    """The exact peak of live tensor bytes in one step, on any device: the CPU counterpart of
-    the CUDA allocator's ``max_memory_allocated`` (without its rounding), for what-if runs.
-
-    At the step's start, every storage of a tensor Python can reach (a gc walk, plus each
-    parameter's ``.grad``) is counted; during the step, a TorchDispatchMode counts every storage
-    an op returns that is not counted yet. Each counted storage carries a weakref whose callback
-    subtracts it when the storage dies (storage Python objects are preserved while the storage
-    lives, so the weakref dies with the memory). It costs a Python call per op and a gc walk per
-    step: what-if trials only (``tensor_peak`` option). Not seen: memory that is not a tensor
-    storage, and tensors reachable only from C++ at the step's start (a graph kept from an
-    earlier step). A sparse tensor counts its indices' and values' storages; a meta tensor holds
-    nothing; a tensor whose storage cannot be read is counted in ``uncounted`` (the event says so).
-    ``grads_at_peak``: bytes of the parameters' ``.grad`` counted at the step's start still live
-    at its peak (0 when the script freed them before: ``zero_grad()`` ahead of the forward);
-    gradient accumulation keeps them live through every micro-batch."""
-
-    def __init__(self) -> None:
-        self.step: int | None = None
-        self.live: dict[int, int] = {}
-        self.total = 0
-        self.peak = 0
-        self.start = 0
-        self.active = False
-        self.uncounted = 0  # tensors seen whose memory could not be read (no storage)
-        self._grads: set[int] = set()  # keys of the .grad storages counted at the step's start
-        self.grads_live = 0  # their bytes still live
-        self.grads_at_peak = 0  # grads_live when the peak was reached
-        self._refs: set[weakref.ReferenceType[Any]] = set()
-        self._lock = threading.RLock()  # a callback can fire inside add() on the same thread
-        self._mode: Any = None
-        self._thread: int | None = None
-
-    def begin(self, step: int) -> None:
-        import gc
-
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        tracker = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                if tracker.active:
-                    tracker.add_tree(out)
-                return out
-
-        with self._lock:
-            self.step = step
-            self.live, self._refs = {}, set()
-            self.total = self.peak = self.uncounted = 0
-            self._grads, self.grads_live, self.grads_at_peak = set(), 0, 0
-        with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns
-            warnings.simplefilter("ignore")  # (torch.distributed.reduce_op): not into the script's output
-            for obj in gc.get_objects():
-                if isinstance(obj, torch.Tensor):
-                    self.add(obj)
-                    if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
-                        self._add_grad(obj.grad)
-        self.start = self.total
-        self.grads_at_peak = self.grads_live
-        self.active = True
-        self._mode = _Mode()
-        self._mode.__enter__()
-        self._thread = threading.get_ident()
-
-    def end(self) -> tuple[int, int]:
-        self.active = False
-        if self._mode is not None and self._thread == threading.get_ident():
-            try:
-                self._mode.__exit__(None, None, None)
-            except Exception:
-                pass
-        self._mode = None  # on another thread it stays pushed there, inactive
-        with self._lock:
-            peak, start = self.peak, self.start
-            self._refs = set()  # dropping the weakrefs drops their callbacks
-            self.live = {}
-        return peak, start
-
-    @unseen
-    def _add_grad(self, g: Any) -> None:
-        """A parameter's .grad at the step's start: counted, and its storages kept as grads."""
-        self.add(g)
-        try:
-            parts = storages(g)
-        except Exception:
-            return
-        with self._lock:
-            for st, nbytes in parts:
-                if id(st) in self.live and id(st) not in self._grads:
-                    self._grads.add(id(st))
-                    self.grads_live += nbytes
-
-    def add_tree(self, obj: Any, depth: int = 0) -> None:
-        if isinstance(obj, torch.Tensor):
-            self.add(obj)
-        elif depth < 3 and isinstance(obj, (tuple, list)):
-            for o in obj:
-                self.add_tree(o, depth + 1)
-
-    @unseen  # storage and device reads of the program's tensors: not seen by its subclasses
-    def add(self, t: Any) -> None:
-        try:
-            parts = storages(t)  # sparse: its indices' and values' storages; meta: none (no memory)
-        except Exception:
-            self.uncounted += 1  # a tensor subclass without storage, say: said in the event
-            return
-        for st, nbytes in parts:
-            key = id(st)
-            if key in self.live:
-                continue
-            with self._lock:
-                if key in self.live:
-                    continue
-                self.live[key] = nbytes
-                self.total += nbytes
-                if self.total > self.peak:
-                    self.peak = self.total
-                    self.grads_at_peak = self.grads_live
-                self._refs.add(weakref.ref(st, self._released(key)))
-
-    def _released(self, key: int) -> Callable[[Any], None]:
-        def callback(ref: Any) -> None:
-            try:
-                with self._lock:
-                    self._refs.discard(ref)
-                    n = self.live.pop(key, None)
-                    if n is not None:
-                        self.total -= n
-                        if key in self._grads:
-                            self._grads.discard(key)
-                            self.grads_live -= n
-            except Exception:
-                pass
-        return callback
 
 
 def install(agent: "CollectorHost", peak: "TensorPeak | None" = None) -> None:

@@ -54,7 +54,9 @@ class Facts:
     param_groups: list[dict[str, Any]]  # inventory groups of the parameters (last inventory)
     activation_dtypes: dict[str, int]  # bytes of inventoried tensors with a grad_fn, by dtype
     cuda_peak: dict[str, Any] | None  # the cuda_samples row where reserved was highest
-    tensor_peak: int | None = None  # exact live tensor bytes peak (``tensor_peak`` option: what-ifs)
+    # exact live tensor bytes peak: ``tensor_peak`` events (every step of a what-if baseline, one
+    # step of a plain CPU run), on CUDA the allocator's peak; None: not measured
+    tensor_peak: int | None = None
     # of the step's starting .grad bytes, those still live at that peak (None: files from before)
     peak_grads: int | None = None
     oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
@@ -149,6 +151,9 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
              if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
     top = max(peaks, key=lambda d: int(d["peak_bytes"])) if peaks else {}
     grads_at_peak = top.get("start_grad_bytes_at_peak")
+    tensor_peak = int(top["peak_bytes"]) if top else None
+    if tensor_peak is None and not at_failure:
+        tensor_peak = _cuda_tensor_peak(reader, s, proc, bd)
     return Facts(device=s.device, world_size=world, steps=s.steps,
                  device_total=_device_total(reader) if cuda else None,
                  parameters=int(bd.get("parameters") or 0), gradients=int(bd.get("gradients") or 0),
@@ -156,12 +161,30 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  activations=int(bd.get("activations") or 0), other=int(bd.get("other") or 0),
                  tensor_total=total, layers=layers, layer_step=s.hotspot_step,
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
-                 tensor_peak=int(top["peak_bytes"]) if top else None, oom_allocator=oom_alloc,
+                 tensor_peak=tensor_peak, oom_allocator=oom_alloc,
                  peak_grads=int(grads_at_peak) if isinstance(grads_at_peak, int) else None,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
                  attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
                  attention_kernels=_attention_kernels(reader, proc, s.hotspot_step))
+
+
+def _cuda_tensor_peak(reader: RunReader, s: RunSummary, proc: int, bd: dict[str, int]) -> int | None:
+    """On CUDA, the live-tensor peak from the allocator: the peak step's high-water mark (exact,
+    read without resetting the program's counters), less what was allocated at the step's start
+    beyond the model states: cuBLAS workspaces (32 MiB a thread on an H100, and autograd's
+    backward runs on a thread of its own), a dataset kept on the GPU, caches. None of that
+    scales with the batch or shrinks with a technique; counted, it would be taken for the working
+    set beside the activations (real nanoGPT run: 68 MiB of the 359 MiB peak)."""
+    peak = s.peak
+    if peak.metric != "cuda_allocated" or not peak.bytes or peak.step is None or peak.proc not in (None, proc):
+        return None
+    before = reader.scalar("SELECT end_allocated FROM steps WHERE proc = ? AND step = ? AND status = 'ok'",
+                           (proc, peak.step - 1))
+    if before is None:
+        return None  # the first step: nothing to tell the workspaces from
+    states = sum(int(bd.get(k) or 0) for k in ("parameters", "gradients", "optimizer_state"))
+    return int(peak.bytes) - max(0, int(before) - states)
 
 
 def _attention_kernels(reader: RunReader, proc: int, step: int | None) -> dict[str, dict[str, int]]:
@@ -211,8 +234,8 @@ def _device_total(reader: RunReader) -> int | None:
 
 def _working_set(f: Facts) -> int:
     """Live tensor bytes at the peak besides the model states and the saved activations: the op
-    output being made, tensors the script holds (logits), the loss gradient. Known only from the
-    exact live-tensor peak of a what-if baseline; 0 otherwise. States are counted live at the
+    output being made, tensors the script holds (logits), the loss gradient. Known from the
+    live-tensor peak (``Facts.tensor_peak``); 0 without it. States are counted live at the
     peak (gradients of the previous step too): a lower bound, so no saving is overstated."""
     if f.tensor_peak is None:
         return 0

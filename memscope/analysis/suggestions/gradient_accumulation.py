@@ -10,7 +10,8 @@ ACCUMULATION = 2  # gradient accumulation: the micro-batch is divided by this
 def batch_scaled(f: Facts) -> tuple[int, int]:
     """(bytes live at the peak that scale with the micro-batch, gradient bytes accumulation adds).
 
-    Without the exact live-tensor peak (a what-if baseline), the activations. With it, all that
+    With the live-tensor peak (``Facts.tensor_peak``: one measured step of a plain CPU run, every
+    step of a what-if baseline, the allocator's peak on CUDA), all that
     is not model state: the activations and the working set beside them (the logits, a float32
     copy of them for the loss, the loss's gradient), which a peft GPT-2 and the HF Trainer have
     as large as their activations (the figure was half the saving measured at half the batch).
@@ -20,7 +21,8 @@ def batch_scaled(f: Facts) -> tuple[int, int]:
     43 MiB by the smaller batch alone). Gradients made by the backward before the peak count as
     freed: the saving is not overstated. A script that accumulates already peaks in a later
     micro-batch, its gradients live (2 x 1024 rows to 4 x 512: 6.5 MiB measured, 6.5 MiB
-    without taking them off, 5.5 MiB with)."""
+    without taking them off, 5.5 MiB with). Without the peak (CPU runs from before it, or a
+    step not measured: torch.compile), the activations alone."""
     if f.tensor_peak is None:
         return f.activations, 0
     missing = max(0, f.gradients - f.peak_grads) if f.peak_grads is not None else 0

@@ -87,6 +87,11 @@ class LiveTensors:
             self._hooked = True
         self._full(tensor_types()).clear()
 
+    @property
+    def installed(self) -> bool:
+        """Whether the registry runs (its gc hook in place): ``tensors()`` is cheap then."""
+        return self._hooked
+
     def remove(self) -> None:
         self._unhook()
         self._refs = {}

@@ -1,0 +1,130 @@
+"""The exact live-tensor peak of one step on a plain run (defaults), for the suggestions.
+
+A ``memscope whatif`` baseline measures every step (the ``tensor_peak`` option: a gc walk and a
+Python call per op). A plain run measures ONE step after warm-up with the same
+:class:`~memscope.agent.collectors.tensor_peak.TensorPeak` and removes it: the suggestions then
+know the working set beside the activations (the logits, a float32 copy for the loss, the loss's
+gradient), which scales with the micro-batch as the activations do. Its ``tensor_peak`` event
+carries ``"one_step": true``.
+
+Not measured (the reading side does without, or has better):
+* on CUDA: the allocator's peak of each step is in the steps table already (``peak_allocated``,
+  the exact high-water mark, read without resetting the program's counters);
+* under ``torch.compile`` (a dispatch mode on the stack would make Dynamo recompile or fall
+  back), or while a TorchDispatchMode of the program's is active (ours would sit under or over
+  it): an event ``tensor_peak_skipped`` says why;
+* with per-layer profiling off (no breakdown to read it beside), or where the ``tensor_peak``
+  option measures every step already.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from memscope.agent.collectors.tensor_peak import TensorPeak, dispatch_mode_on_top
+from memscope.agent.runtime.config import AgentOptions
+from memscope.agent.torchcompat.compiled import compile_used
+from memscope.constants import WARMUP_STEPS
+
+if TYPE_CHECKING:
+    from memscope.agent.collectors.host import CollectorHost
+
+
+def peak_step(options: AgentOptions) -> int | None:
+    """The step measured: the first from WARMUP_STEPS on (optimizer state made, caches warm)
+    that the layer profile does not instrument (its hooks would slow the ops it times); None:
+    not measured."""
+    if options.tensor_peak or options.layers_every <= 0:
+        return None
+    step = WARMUP_STEPS
+    while options.profiles_layers(step) and step < WARMUP_STEPS + 2:  # every step profiled: share one
+        step += 1
+    if options.max_steps and step >= options.max_steps:
+        return None
+    return step
+
+
+class PeakStep:
+    """``step_opening(n)`` at the boundary before step n, ``step_closed(n)`` at the one after it
+    (before ``--max-steps`` can end the process there), ``stop()`` at agent stop."""
+
+    def __init__(self, host: "CollectorHost", on_cuda: Callable[[], bool],
+                 live_tensors: Callable[[], list[Any] | None] | None = None) -> None:
+        self.host = host
+        self.on_cuda = on_cuda
+        self.live_tensors = live_tensors  # the registry of live tensors: no gc walk
+        self.step = peak_step(host.options)
+        self.peak: TensorPeak | None = None
+
+    def step_opening(self, step: int) -> None:
+        if step != self.step or not self.host.running:
+            return
+        try:
+            why = self._skip_reason()
+            if why is None:
+                self.peak = TensorPeak()
+                self.peak.begin(step, self.live_tensors)
+            elif why:
+                self.host.event("tensor_peak_skipped", f"step {step}: live tensor peak not measured: {why}",
+                                {"step": step, "why": why})
+        except Exception as exc:
+            self._failed(exc)
+
+    def _skip_reason(self) -> str | None:
+        """Why the step is not measured ('' : the allocator measures it), or None."""
+        if self.on_cuda():
+            return ""
+        if compile_used():
+            return "torch.compile is in use (a dispatch mode would make it recompile)"
+        mode = dispatch_mode_on_top()
+        if mode is not None:
+            return f"the program's {type(mode).__name__} (a TorchDispatchMode) is active"
+        return None
+
+    def step_closed(self, step: int) -> None:
+        peak = self.peak
+        if peak is None or peak.step is None or step < peak.step:
+            if peak is not None and peak.stuck is not None:
+                peak.leave()  # a mode the program held over ours at the step's end: gone now?
+            return
+        try:
+            uncounted, grads = peak.uncounted, peak.grads_at_peak
+            high, start = peak.end()
+            if step == peak.step:
+                missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
+                self.host.event("tensor_peak", f"step {step}: live tensor bytes peaked at {high}{missed} "
+                                               "(one measured step)",
+                                {"step": step, "peak_bytes": high, "start_bytes": start,
+                                 "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted,
+                                 "one_step": True})
+            peak.step = None
+            if peak.stuck is None:
+                self.peak = None
+            else:  # kept to try again at the next boundaries
+                self.host.event("warning", f"tensor_peak: {type(dispatch_mode_on_top()).__name__}, a "
+                                           "dispatch mode the program entered during the measured step, "
+                                           "is still on top of memscope's (a pass-through from now on)")
+        except Exception as exc:
+            self._failed(exc)
+
+    def stop(self) -> None:
+        """At agent stop: a step cut short is not written."""
+        if self.peak is not None:
+            try:
+                self.peak.end()
+            except Exception:
+                pass
+
+    def after_fork(self) -> None:
+        """In a forked DataLoader worker: the inherited mode counts nothing."""
+        if self.peak is not None:
+            self.peak.active = False
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.peak is not None:
+            try:
+                self.peak.end()
+            except Exception:
+                pass
+        self.peak = None
+        self.host.event("collector_disabled", f"tensor_peak: {type(exc).__name__}: {exc}")
