@@ -9,6 +9,9 @@ block-less scripts get no profile and an event saying why."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import importlib.util
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -205,3 +208,43 @@ def test_no_profile_and_an_event_saying_why(tmp_path: Path, script: Path, reason
     assert [s["reason"] for s in skipped] == [reason] and _events(db, "sac_profile") == []
     assert "Traceback" not in out.stdout + out.stderr
     assert not any(s["technique"] == "selective_checkpointing" for s in report_json(db)["suggestions"])
+
+
+LATE_COMPILE = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from sac_limits import Net
+torch.manual_seed(0)
+model = Net(64, 3, False)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+run = model
+for step in range(5):
+    if step == 2:  # compiled in the step the profile is armed for: its hooks must stay unseen
+        run = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss = run(torch.randn(32, 16, 64)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(f"step {step} loss {loss.item()!r}", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_model_compiled_while_the_profile_is_armed(tmp_path: Path) -> None:
+    """The hooks armed for step 2 are out of Dynamo's sight while it compiles (fullgraph=True
+    compiles, nothing is printed into the script's output); the profile is not taken and an
+    event says why; the losses are bit-identical to the script's own run."""
+    script = tmp_path / "late_compile.py"
+    script.write_text(LATE_COMPILE)
+    db = tmp_path / "run.db"
+    args = [str(script), str(ROOT / "tests" / "scripts")]
+    with ThreadPoolExecutor(2) as pool:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as conftest.memscope runs attach: same reductions
+        plain = pool.submit(subprocess.run, [sys.executable, *args], capture_output=True, text=True, timeout=240,
+                            env=env)
+        out = pool.submit(memscope, "attach", "--headless", "--db", str(db), *args, timeout=240).result()
+        ref = plain.result()
+    assert ref.returncode == 0 and out.returncode == 0, (ref.stderr, out.stderr)
+    assert out.stdout.splitlines()[:5] == ref.stdout.splitlines() and len(ref.stdout.splitlines()) == 5
+    assert [x for x in out.stderr.splitlines() if not x.startswith("memscope: ")] == ref.stderr.splitlines()
+    assert [s["reason"] for s in _events(db, "sac_profile_skipped")] == ["compiled"]
+    assert _events(db, "sac_profile") == []
+

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from memscope.agent.torchcompat.compiled import compile_used, is_compiling
+from memscope.agent.torchcompat.compiled import compile_used, is_compiling, runtime_only, shield
 
 TRIES = 3  # steps armed at most before giving up on a block that never ran in a profiled way
 
@@ -56,6 +56,11 @@ class OnceProfile:
         self._depth = 0  # the block called again from its own forward while recording
         self._cpu = 0.0
         self._new: Any = None  # BlockProfile, imported when armed (not inside the user's forward)
+        shield.add(self._hook_handles)  # out of Dynamo's sight should it compile while armed
+
+    def _hook_handles(self) -> list[Any]:
+        inner = self._profile._handles if self._profile is not None else []
+        return [*self._handles, *inner]
 
     # -- at step boundaries (training thread) --------------------------------------------------
 
@@ -171,6 +176,7 @@ class OnceProfile:
             return "backward", "the block runs inside backward (a reentrant checkpoint's recomputation)"
         return None
 
+    @runtime_only
     def _pre(self, module: Any, args: Any, kwargs: Any) -> None:
         try:
             if self._profile is not None:
@@ -191,6 +197,7 @@ class OnceProfile:
         except Exception as exc:
             self._why.setdefault("raised", f"{type(exc).__name__}: {exc}")
 
+    @runtime_only
     def _post(self, module: Any, args: Any, output: Any) -> None:
         try:
             if self._profile is None or self._thread != threading.get_ident():
