@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from conftest import memscope, report_json
 from torch.nn.modules import module as nn_module
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from memscope.agent.whatif.sac_once import TRIES, OnceProfile
 from memscope.analysis.whatif import measure
@@ -148,6 +148,53 @@ def test_checkpointed_and_evaluation_only_blocks_are_skipped_with_a_reason() -> 
             prof.step_closed(step, [model], False, False)
     assert [(k, d["reason"]) for k, d in events] == [("sac_profile_skipped", "no_grad")]
     assert prof.tries == TRIES and not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+class _Counting(TorchDispatchMode):
+    """A script's own dispatch mode: counts the ops it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Reentrant(GPT.TinyGPT):  # type: ignore[misc]
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:  # first forward under no_grad, recomputed inside backward
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)
+        return self.head(self.ln_f(x))
+
+
+def test_a_scripts_dispatch_mode_and_reentrant_checkpointing_are_left_alone() -> None:
+    """Under the script's own dispatch mode the profile is not taken (its mode would see the
+    profile's, and the profile's it): the mode counts the same ops as without memscope. With
+    reentrant checkpointing the block runs under no_grad, then inside backward: given up at
+    once with that reason. Losses unchanged both ways."""
+    runs = []
+    for profiled in (True, False):
+        events: list[tuple[str, Any]] = []
+        prof = OnceProfile(lambda kind, message, data, events=events: events.append((kind, data))) if profiled else None
+        with _Counting() as mode:
+            losses = _train(_model(), prof)
+        runs.append((losses, mode.ops, events))
+    assert runs[0][:2] == runs[1][:2] and runs[0][1] > 0
+    assert [(k, d["reason"]) for k, d in runs[0][2]] == [("sac_profile_skipped", "dispatch_mode")]
+    assert "_Counting" in runs[0][2][0][1]["why"]
+
+    events = []
+    torch.manual_seed(0)
+    model = _Reentrant(256, 32, 4, 2, 32)
+    prof = OnceProfile(lambda kind, message, data: events.append((kind, data)))
+    losses = _train(model, prof)
+    torch.manual_seed(0)
+    assert losses == _train(_Reentrant(256, 32, 4, 2, 32), None)
+    assert [(k, d["reason"]) for k, d in events] == [("sac_profile_skipped", "backward")]
+    assert prof.tries == 1 and not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
 def _events(db: Path | str, kind: str) -> list[dict[str, Any]]:

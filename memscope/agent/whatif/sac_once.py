@@ -148,7 +148,8 @@ class OnceProfile:
 
     def _give_up(self) -> None:
         why = "; ".join(self._why.values()) or "the block's forward did not run in the steps tried"
-        self._skip(next(iter(self._why), "not_called"), why)
+        final = [k for k in self._why if _FINAL.get(k)]
+        self._skip(final[0] if final else next(iter(self._why), "not_called"), why)
 
     def _skip(self, reason: str, why: str) -> None:
         self.done = True
