@@ -25,7 +25,13 @@ import torch
 from memscope.agent.collectors import cuda
 from memscope.agent.torchcompat import frameworks
 from memscope.agent.torchcompat.compiled import compiled_seen
-from memscope.agent.runtime.config import ENV_DB_ID, ENV_SUPERVISOR, AgentOptions, techniques_wanted
+from memscope.agent.runtime.config import (
+    ENV_DB_ID,
+    ENV_SUPERVISOR,
+    AgentOptions,
+    block_profile_wanted,
+    techniques_wanted,
+)
 from memscope.agent.collectors.layers import LayerProfiler
 from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.leak_collector import LeakCollector
@@ -102,6 +108,7 @@ class Agent:
         self._peak = PeakStep(self, lambda: self._cuda_enabled and bool(cuda.cuda_devices_in_use()),
                               self._leaks.live_tensors)
         self._watch: SupervisorWatch | None = None
+        self._block_profile: Any = None  # memscope.agent.whatif.sac_once.OnceProfile
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -136,6 +143,9 @@ class Agent:
             self._whatif = Controller(self)
             self._guard_call("techniques", self._whatif.install)
         self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
+        if block_profile_wanted(self.options):
+            from memscope.agent.whatif.sac_once import OnceProfile
+            self._block_profile = OnceProfile(self.event)
         self.running = True
         self._tick()  # a first sample at t0, before any training
         supervisor = _env_int(ENV_SUPERVISOR)
@@ -168,6 +178,8 @@ class Agent:
         self._peak.stop()
         if self._whatif is not None:
             self._whatif.stop()
+        if self._block_profile is not None:
+            self._guard_call("block profile", self._block_profile.stop)
         self._leaks.stop()
         self._sampler.stop()
         try:
@@ -438,10 +450,22 @@ class Agent:
         # inventories (the memory level here can pull one forward), leak suspects' sites
         level = end_alloc if end_alloc is not None else rss_now
         self._step_part("inventory", lambda: self._leaks.step_closed(step, end - start, level or 0))
+        self._step_part("block profile", lambda: self._block_profile_next(step))
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)
         self._peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
+
+    def _block_profile_next(self, step: int) -> None:
+        """The selective-checkpointing profile (memscope.agent.whatif.sac_once): at the boundary
+        after ``step``, on a step the layer profiler leaves alone (its saved-tensor hooks would
+        not see the profiled block's), once the models are known (the layer profiler finds them)."""
+        prof = self._block_profile
+        if prof is None or prof.done:
+            return
+        later = self._layers_enabled and self.options.layers_every > 0 and self.options.layers_first > step
+        prof.step_closed(step, self._layers.roots(), self._layers_enabled and self.options.profiles_layers(step + 1),
+                         later)
 
     # -- out-of-memory post-mortems ------------------------------------------------------------
 

@@ -55,6 +55,10 @@ class AgentOptions:
     sac_save: list[str] | None = None
     sac_blocks: int = 0  # checkpoint only the first N repeated blocks (0: every one)
     sac_profile: bool = False
+    # report's selective_checkpointing suggestion on a plain run: one forward of the first repeated
+    # block profiled op by op, once, on a step after warm-up (hooks on that block instance only,
+    # removed right after; memscope.agent.whatif.sac_once). Off in whatif's own runs.
+    block_profile: bool = True
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
@@ -123,3 +127,9 @@ def techniques_wanted(options: AgentOptions) -> bool:
     """Whether the agent needs memscope.agent.whatif.techniques (imported only then)."""
     return bool(options.max_steps or options.try_techniques or options.simulate_gpu or options.tensor_peak
                 or options.sac_profile)
+
+
+def block_profile_wanted(options: AgentOptions) -> bool:
+    """Whether the default one-forward block profile runs: not beside whatif's own profile or
+    a technique that wraps the blocks (their forwards run under checkpoint there)."""
+    return options.block_profile and not (options.sac_profile or options.try_techniques)

@@ -5,9 +5,12 @@ backward (a saved-tensor pack hook sees each one).
 
 The profile watches the block's real forward (no extra forward: an extra one would draw from
 the RNG and move buffers), and keeps no reference to a tensor: storages are numbered through
-weakrefs, which die with them. The pack hook returns the tensor it is given, so autograd keeps
-what it kept before. While it runs it is the innermost saved-tensor hook, so a hook of the
-user's (offloading) does not see that one call's tensors: profile runs only.
+weakrefs, which die with them. Submodule calls are seen through hooks on the block's own
+submodules (no global module hooks), removed when the recording ends. The pack hook returns
+the tensor it is given, so autograd keeps what it kept before. While it runs it is the
+innermost saved-tensor hook, so a hook of the user's (offloading) would not see that one call's
+tensors: whatif's profile runs only (the default profile, memscope.agent.whatif.sac_once, is
+not taken under such hooks).
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ class BlockProfile:
         self._recording = True
         self.calls: list[list[Any]] = []  # [first op, ops run at return, [output storages]]
         self._formulas = formulas()
+        self._handles: list[Any] = []
+        self._hooks: Any = None
+        self._mode: Any = None
+        self._pack: Any = None
 
     @unseen
     def _number(self, t: torch.Tensor, made: bool) -> list[int]:
@@ -97,6 +104,20 @@ class BlockProfile:
         return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
     def record(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (a block, or its forward bound to it) and record it."""
+        bound = getattr(fn, "args", None) or (None,)  # functools.partial(Block.forward, block)
+        block = fn if isinstance(fn, torch.nn.Module) else bound[0]
+        self.begin(block, args, kwargs)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.end()
+
+    def begin(self, block: Any, args: Any, kwargs: Any) -> None:
+        """Start recording a call of ``block`` with these inputs, until :meth:`end` (same thread):
+        the dispatch mode and the pack hook are entered, and each submodule of ``block`` gets a
+        forward pre-hook and hook of its own (the module's, not global ones), all removed by
+        :meth:`end`."""
         profile = self
         try:
             for t in self._tensors((args, kwargs)):
@@ -105,6 +126,14 @@ class BlockProfile:
             pass  # an input without storage: its ops are still recorded
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # else torch wraps __torch_dispatch__ in torch._disable_dynamo, which imports
+                # torch._dynamo at the first op (about a second of CPU, into a process that may
+                # never compile) and costs a frame-evaluation switch per op; the profile is never
+                # taken while Dynamo compiles (memscope.agent.whatif.sac_once)
+                return False
+
             def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
                 kw = kw or {}
                 try:
@@ -147,17 +176,36 @@ class BlockProfile:
             except Exception:
                 pass
 
-        from torch.nn.modules import module as nn_module
+        self._handles = []
+        if isinstance(block, torch.nn.Module):
+            for m in block.modules():
+                if m is not block:  # the block's own call is the whole record
+                    self._handles += [m.register_forward_pre_hook(enter), m.register_forward_hook(leave)]
+        self._pack = pack
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._hooks.__enter__()
+        self._mode = _Mode()
+        self._mode.__enter__()
 
-        handles = []
+    def end(self) -> None:
+        """Stop recording: leave the mode and the pack hook when they are the innermost (a
+        forward that left a mode or hook of its own on top is not unwound by this one), remove
+        the submodules' hooks."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
         try:
-            handles = [nn_module.register_module_forward_pre_hook(enter), nn_module.register_module_forward_hook(leave)]
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                with _Mode():
-                    return fn(*args, **kwargs)
+            mode: Any = self._mode
+            if mode is not None and id(_get_current_dispatch_mode()) == id(mode):
+                mode.__exit__(None, None, None)
+                self._mode = None
+                top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+                if self._hooks is not None and top and top[0] is self._pack:
+                    self._hooks.__exit__(None, None, None)
+                    self._hooks = None
         finally:
-            for h in handles:
+            for h in self._handles:
                 h.remove()
+            self._handles = []
             self._recording = False
             self._refs = {}  # dropping the weakrefs drops their callbacks
 
