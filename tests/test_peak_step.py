@@ -205,3 +205,33 @@ def test_on_cuda_the_allocator_peak_less_the_workspaces(tmp_path: Path) -> None:
     workspaces = 243849728 - states  # step 0's end_allocated beyond them
     assert f is not None and f.tensor_peak == 376887296 - workspaces
     assert acc.estimated_saving_bytes == f.activations - f.activations // 2
+
+
+NO_COMPILE = '''
+import sys
+import torch
+blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(3)])
+for step in range(5):
+    loss = blocks(torch.randn(32, 64)).pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        for p in blocks.parameters():
+            p -= 0.01 * p.grad
+            p.grad = None
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+'''
+
+
+def test_the_measured_step_and_the_block_profile_leave_dynamo_unimported(tmp_path: Path) -> None:
+    """A script that never compiles does not import torch._dynamo; under a plain attach, whose
+    step 2 runs the peak counter's dispatch mode and the block profile's, it still does not
+    (torch wraps a mode's __torch_dispatch__ in _disable_dynamo unless the mode opts out: an
+    import of a second or more of CPU into every run)."""
+    script = tmp_path / "no_compile.py"
+    script.write_text(NO_COMPILE)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    attached = memscope("attach", "--headless", "--db", str(tmp_path / "run.db"), str(script))
+    assert plain.returncode == 0 and attached.returncode == 0, attached.stderr
+    assert plain.stdout == attached.stdout == "dynamo imported: False\n", (plain.stdout, attached.stdout)
+    assert [p["step"] for p in _events(tmp_path / "run.db", "tensor_peak")] == [2]
+    assert [p["step"] for p in _events(tmp_path / "run.db", "sac_profile")] == [2]

@@ -62,7 +62,7 @@ class PeakStep:
         try:
             why = self._skip_reason()
             if why is None:
-                self.peak = TensorPeak()
+                self.peak = TensorPeak(outside_compile=True)  # _skip_reason: never under compile
                 self.peak.begin(step, self.live_tensors)
             elif why:
                 self.host.event("tensor_peak_skipped", f"step {step}: live tensor peak not measured: {why}",

@@ -39,7 +39,12 @@ class TensorPeak:
     at its peak (0 when the script freed them before: ``zero_grad()`` ahead of the forward);
     gradient accumulation keeps them live through every micro-batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, outside_compile: bool = False) -> None:
+        # outside_compile: the caller never measures while Dynamo compiles (the plain run's one
+        # step), so the mode opts out of torch's _disable_dynamo wrap of __torch_dispatch__,
+        # which imports torch._dynamo at the first op (a second or more of CPU, into a process
+        # that may never compile) and switches frame evaluation on every op
+        self.outside_compile = outside_compile
         self.step: int | None = None
         self.live: dict[int, int] = {}
         self.total = 0
@@ -68,6 +73,10 @@ class TensorPeak:
         tracker = self
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                return not tracker.outside_compile
+
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 out = func(*args, **(kwargs or {}))
                 if tracker.active:
