@@ -125,12 +125,12 @@ def _error(figure: int, measured: int) -> float:
 
 
 @pytest.mark.parametrize("name", [*CASES, "word_language_model"])
-def test_a_plain_runs_other_figures_are_no_worse_for_the_peak(matrix: Any, word_lm: Any, name: str) -> None:
+def test_a_plain_runs_other_figures_are_within_25_percent(matrix: Any, word_lm: Any, name: str) -> None:
     """The working set the plain run now knows also enters mixed precision and checkpointing.
-    Each figure the whatif baseline gives and a trial measures, the plain report gives too:
-    within 25% of the measurement, or no further from it than without the peak (the LoRA
-    GPT-2's mixed_precision, +41% either way: with an inventory, a plain run counts the bf16
-    copies of trainable weight matrices only, where the frozen ones are copied too)."""
+    Each figure the whatif baseline gives and a trial measures, the plain report gives too,
+    within 25% of the measurement (the LoRA GPT-2's mixed_precision was +41%: with an
+    inventory, the bf16 copies of trainable weight matrices only were counted, where the frozen
+    ones are copied too)."""
     rows, _, plain, before = word_lm if name == "word_language_model" else matrix[name]
     by = {r.technique: r for r in plain}
     checked = [r.technique for r in rows if r.suggested is not None and r.measured is not None
@@ -139,8 +139,7 @@ def test_a_plain_runs_other_figures_are_no_worse_for_the_peak(matrix: Any, word_
     for t in checked:
         r = by[t]
         assert r.suggested is not None and r.measured is not None and r.measured >= MIN_SAVING, r
-        err = _error(r.suggested, r.measured)
-        assert err <= TOLERANCE or err <= _error(before[t], r.measured), (r, before[t])
+        assert _error(r.suggested, r.measured) <= TOLERANCE, (r, before[t])
 
 
 @pytest.mark.parametrize("name", CASES)
