@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from memscope import __version__
 from memscope.report.format import iso
-from memscope.report.sql_text import Unchecked, after_key, joined_chunks
+from memscope.report.sql_text import Unchecked, after_key, joined_chunks, write_chunk
 from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
@@ -32,7 +32,7 @@ COUNTERS_TID = 0
 EVENT_SEP = ",\n"
 BATCH = 8192  # rows formatted, joined and written at a time
 PEAKS = ("peak_rss", "peak_allocated", "peak_reserved")
-Block = tuple[str, int]  # events as JSON text joined by EVENT_SEP, and how many
+Block = tuple[str | bytes, int]  # events as JSON text (UTF-8 bytes) joined by EVENT_SEP, and how many
 
 
 def process_label(proc: dict[str, Any]) -> str:
@@ -196,24 +196,27 @@ def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
     out.write(', "traceEvents": [\n')
     n = 0
     chunk: list[str] = []
+
+    def put(text: str | bytes, count: int) -> None:
+        nonlocal n
+        if n:
+            out.write(EVENT_SEP)
+        write_chunk(out, text)
+        n += count
+
     for event in chrome_events(reader):
         if isinstance(event, dict):
             chunk.append(json.dumps(event, separators=(",", ":")))
-            if len(chunk) < 4096:  # one write per few thousand events
-                continue
-            text, count = EVENT_SEP.join(chunk), len(chunk)
-            chunk.clear()
-        else:
-            if chunk:
-                out.write((EVENT_SEP if n else "") + EVENT_SEP.join(chunk))
-                n += len(chunk)
+            if len(chunk) >= 4096:  # one write per few thousand events
+                put(EVENT_SEP.join(chunk), len(chunk))
                 chunk.clear()
-            text, count = event
-        out.write((EVENT_SEP if n else "") + text)
-        n += count
+            continue
+        if chunk:
+            put(EVENT_SEP.join(chunk), len(chunk))
+            chunk.clear()
+        put(*event)
     if chunk:
-        out.write((EVENT_SEP if n else "") + EVENT_SEP.join(chunk))
-        n += len(chunk)
+        put(EVENT_SEP.join(chunk), len(chunk))
     out.write("\n]}\n")
     return n
 

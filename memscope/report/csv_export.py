@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from memscope.errors import UserError
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
-                                       joined_chunks)
+                                       joined_chunks, write_chunk)
 from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
@@ -41,7 +41,7 @@ SKIP_TABLES = {"migrations"}  # schema bookkeeping, not run data
 BATCH = 8192  # rows fetched, formatted and written at a time
 
 
-def timeline_blocks(reader: RunReader) -> Iterator[tuple[str, int]]:
+def timeline_blocks(reader: RunReader) -> Iterator[tuple[str | bytes, int]]:
     """``timeline.csv`` less its header, as blocks of lines (text, rows)."""
     run = reader.run()
     origin = run["started"] if run and run["started"] is not None else \
@@ -70,7 +70,7 @@ def timeline_blocks(reader: RunReader) -> Iterator[tuple[str, int]]:
 
 
 def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
-                  row: Callable[..., list[Any]]) -> Iterator[tuple[str, int]]:
+                  row: Callable[..., list[Any]]) -> Iterator[tuple[str | bytes, int]]:
     """One process's host samples as CSV lines, made by SQLite a chunk at a time (times rounded
     to the microsecond by printf; the phase quoted and guarded in SQL), a damaged row and what
     follows it through RunReader's checks (which name the damage)."""
@@ -103,7 +103,7 @@ def write_timeline(reader: RunReader, out: TextIO) -> int:
     csv.writer(out, lineterminator="\n").writerow(TIMELINE_COLUMNS)
     n = 0
     for text, count in timeline_blocks(reader):
-        out.write(text)
+        write_chunk(out, text)
         n += count
     return n
 
@@ -134,7 +134,7 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
                          for c, declared in _declared(reader, table)])
         try:
             for text, count in joined_chunks(reader, line, _quoted(table), "1", ("rowid",), {}, ""):
-                out.write(text)
+                write_chunk(out, text)
                 n += count
             return n
         except Unchecked as refused:  # SQLite could not read a chunk: the row reads say why

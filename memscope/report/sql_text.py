@@ -3,12 +3,13 @@ Python only moves big strings (a million rows cost no Python step each).
 
     for text, n in joined_chunks(reader, "printf('%d', step)", "steps", "proc = :proc",
                                  ("step",), {"proc": 1}, sep=",\\n"):
-        out.write(text)
+        write_chunk(out, text)
 
 Chunks follow a key (the columns the rows are ordered by, unique together: ``("t", "rowid")``,
 ``("step",)``, ``("rowid",)``); each chunk starts after the last key of the one before, found
-by an index walk, so a chunk costs its own rows only. Text that is not UTF-8 (a damaged file)
-comes back with U+FFFD in place of the bad bytes (:data:`lenient_text`).
+by an index walk, so a chunk costs its own rows only. A chunk comes as bytes: ASCII (nearly
+always) goes to the file as it is; other text is decoded, U+FFFD in place of bytes that are not
+UTF-8 (a damaged file), as :data:`lenient_text` reads it.
 
 SQLite's float text is not Python's: ``printf('%.3f')`` rounds a tie away from zero (Python's
 ``round`` to even) and SQLite before 3.43 computes digits in long double, so a value within
@@ -22,7 +23,7 @@ import functools
 import random
 import sqlite3
 import struct
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 from memscope.store.reader import RunReader, _lenient_text
 
@@ -44,11 +45,12 @@ class Unchecked(Exception):
 
 def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tuple[str, ...],
                   params: dict[str, Any], sep: str, check: str = "1", columns: tuple[str, ...] = (),
-                  rows: int = 0) -> Iterator[tuple[str, int]]:
+                  rows: int = 0) -> Iterator[tuple[bytes, int]]:
     """(text, rows) per chunk of ``SELECT line FROM source WHERE where ORDER BY key``: the rows'
-    ``line`` texts joined by ``sep``. ``check`` is an aggregate condition over the chunk's
-    ``columns`` (:func:`memscope.store.column_checks.clean_sql`); a chunk that fails it, or that
-    SQLite cannot read, raises :class:`Unchecked` before anything of it is yielded. ``line``,
+    ``line`` texts joined by ``sep``, as UTF-8 bytes (:func:`write_chunk` writes them).
+    ``check`` is an aggregate condition over the chunk's ``columns``
+    (:func:`memscope.store.column_checks.clean_sql`); a chunk that fails it, or that SQLite
+    cannot read, raises :class:`Unchecked` before anything of it is yielded. ``line``,
     ``source``, ``where`` and ``check`` are SQL from this package (never from the file);
     ``params`` binds their ``:names``. ``rows``: per chunk (0: :data:`CHUNK`)."""
     rows = rows or CHUNK
@@ -60,7 +62,7 @@ def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tu
     conn = reader.conn
     bound: dict[str, Any] = {**params, "sep": sep, "n": rows}
     done: tuple[Any, ...] | None = None
-    previous, conn.text_factory = conn.text_factory, lenient_text  # called per chunk, not per value
+    previous, conn.text_factory = conn.text_factory, bytes  # the chunk as SQLite made it
     try:
         while True:
             cond = where + ("" if done is None else after)
@@ -85,6 +87,19 @@ def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tu
             bound.update({f"k{i}": v for i, v in enumerate(done)})
     finally:
         conn.text_factory = previous
+
+
+def write_chunk(out: TextIO, text: str | bytes) -> None:
+    """Write a chunk to ``out``: ASCII bytes straight into the binary file under a UTF-8 text
+    file (no decode and encode of megabytes), anything else as text."""
+    if isinstance(text, bytes):
+        raw = getattr(out, "buffer", None)
+        if raw is not None and text.isascii() and str(out.encoding).lower() in ("utf-8", "utf8"):
+            out.flush()  # what was written as text goes first
+            raw.write(text)
+            return
+        text = lenient_text(text)
+    out.write(text)
 
 
 def after_key(key: tuple[str, ...], after: tuple[Any, ...] | None) -> tuple[str, tuple[Any, ...]]:
