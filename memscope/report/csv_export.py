@@ -39,6 +39,7 @@ TIMELINE_COLUMNS = ["rank", "proc", "time_s", "unix_time", "step", "phase", "met
                     "bytes"]
 SKIP_TABLES = {"migrations"}  # schema bookkeeping, not run data
 BATCH = 8192  # rows fetched, formatted and written at a time
+PLAIN_PHASES = ("forward", "backward", "optimizer", "other", "store", "capture")  # the agent's
 
 
 def timeline_blocks(reader: RunReader) -> Iterator[tuple[str | bytes, int]]:
@@ -74,9 +75,12 @@ def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
     """One process's host samples as CSV lines, made by SQLite a chunk at a time (times rounded
     to the microsecond by printf; the phase quoted and guarded in SQL), a damaged row and what
     follows it through RunReader's checks (which name the damage)."""
-    # the phase joined with || (printf's %s would end it at a NUL character)
-    line = (f"printf('%s,%.6f,%.6f,%s,', :head, t - :origin, t, step) || coalesce({csv_text('phase')}, '')"
-            f" || printf(',rss,host,%d' || char(10), rss)")
+    # the agent's own phase words need no quoting: one printf; any other phase is quoted and
+    # guarded in SQL and joined with || (printf's %s would end it at a NUL character)
+    line = (f"CASE WHEN phase IN ({', '.join(repr(p) for p in PLAIN_PHASES)})"
+            f" THEN printf('%s,%.6f,%.6f,%s,%s,rss,host,%d' || char(10), :head, t - :origin, t, step, phase, rss)"
+            f" ELSE printf('%s,%.6f,%.6f,%s,', :head, t - :origin, t, step) || coalesce({csv_text('phase')}, '')"
+            f" || printf(',rss,host,%d' || char(10), rss) END")
     key = ("t", "rowid")
     try:
         yield from joined_chunks(reader, line, "samples", "proc = :proc", key,
