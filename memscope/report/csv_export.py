@@ -4,14 +4,16 @@
   one row per reading, grouped by process and metric and time-ordered within a group::
 
       rank,proc,time_s,unix_time,step,phase,metric,device,bytes
-      ,1,0.412,1763759853.412,0,other,rss,host,237023232
+      ,1,0.412000,1763759853.412000,0,other,rss,host,237023232
 
   ``metric`` is ``rss`` (host resident memory), ``cuda_allocated``/``cuda_reserved`` (allocator
   bytes, ``device`` ``cuda:N``) or ``nvml_used`` (device memory used, as NVML reports it).
 * a directory: ``timeline.csv`` plus one ``<table>.csv`` per table of the run file, with the
   file's own column names (so a spreadsheet sees the same data as SQL would).
 
-Rows are streamed from SQLite: nothing is held in memory.
+Rows are streamed from SQLite, their text made there a chunk at a time (memscope/report/
+sql_text.py): nothing is held in memory. Integers are exact; a table's REAL has 18 significant
+digits (it reads back to the same double); timeline times are rounded to the microsecond.
 
 A run file can come from someone else: only the tables memscope's schema knows are written (a
 table name never becomes a path), every file lands inside the directory (a symlink there is
