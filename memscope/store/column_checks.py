@@ -51,10 +51,11 @@ def clean_sql(times: tuple[str, ...] = (), ints: tuple[str, ...] = (), texts: tu
     """The aggregate condition :func:`columns_clean` evaluates, over any set of rows (an export
     evaluates it per chunk of the rows it writes). It may fail with an integer overflow in
     ``sum()``: not clean either."""
-    required = [f'"{c}" IS NULL' for c in (*times, *ints, *texts) if c not in nullable]
-    conds = [f"NOT coalesce(max({' OR '.join(required)}), 0)"] if required else []  # one aggregate for all
+    conds = []
     for c in (*times, *ints, *texts):
         q = f'"{c}"'
+        if c not in nullable:  # count() per column: cheaper than one max() over an OR of IS NULLs
+            conds.append(f"count({q}) = count(*)")
         if c in texts:
             conds.append(f"coalesce(typeof(min({q})) = 'text' AND typeof(max({q})) = 'text', 1)")
         elif c in ints:
