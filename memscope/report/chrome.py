@@ -129,7 +129,7 @@ def _step_blocks(reader: RunReader, pid: int, origin: float, us: Callable[[float
     fmt = f'{head}%d{mid}%.3f,"dur":%.3f,"args":{{"step":%d,"status":%s'
     times = "step, (start - :origin) * 1e6, max(end - start, 0.0) * 1e6, step"
     # json_quote() escapes as JSON must (quotes, backslashes, controls); a blob is damage, caught
-    # by ok, but must not stop the query first
+    # by the checks, but must not stop the query first
     status = "CASE status WHEN 'ok' THEN '\"ok\"' ELSE json_quote(CAST(status AS TEXT)) END"
     extra = " || ".join(f"coalesce(',\"{c}\":' || {c}, '')" for c in PEAKS)
     # one printf for the usual rows (a host peak only, or none); SQLite's max() keeps its first
