@@ -12,6 +12,7 @@ from typing import Iterator, TextIO
 from memscope.cli.errors import CliError
 from memscope.report.chrome import write_chrome_trace
 from memscope.report.csv_export import write_directory, write_timeline
+from memscope.report.sql_text import lenient_text
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
 
@@ -33,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     if args.chrome == "-" and args.csv == "-":
         raise CliError("export: --chrome and --csv cannot both write to stdout")
     with RunReader(args.db) as reader:
+        # text that is not UTF-8 (flipped bytes) is exported with U+FFFD in its place: the
+        # trace stays valid JSON, the CSV valid UTF-8, and the rest of the run is not lost
+        reader.conn.text_factory = lenient_text
         try:
             if args.chrome:
                 with open_output(args.chrome, "export: --chrome") as f:

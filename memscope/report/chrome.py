@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator, TextIO
 
 from memscope import __version__
 from memscope.report.format import iso
-from memscope.store.column_checks import columns_clean
+from memscope.report.sql_text import Unchecked, after_key, joined_chunks, write_chunk
+from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
 
@@ -31,7 +32,7 @@ COUNTERS_TID = 0
 EVENT_SEP = ",\n"
 BATCH = 8192  # rows formatted, joined and written at a time
 PEAKS = ("peak_rss", "peak_allocated", "peak_reserved")
-Block = tuple[str, int]  # events as JSON text joined by EVENT_SEP, and how many
+Block = tuple[str | bytes, int]  # events as JSON text (UTF-8 bytes) joined by EVENT_SEP, and how many
 
 
 def process_label(proc: dict[str, Any]) -> str:
@@ -105,48 +106,60 @@ def chrome_events(reader: RunReader) -> Iterator[dict[str, Any] | Block]:
 def _sample_blocks(reader: RunReader, pid: int, origin: float,
                    us: Callable[[float], float]) -> Iterator[Block]:
     head = f'{{"ph":"C","name":"host RSS","pid":{pid},"tid":{COUNTERS_TID},"ts":'
-    if not columns_clean(reader, "samples", pid, times=("t",), ints=("rss",)):
-        # a damaged file: the checked rows say what is wrong (each event as the clean path writes it)
-        for t, rss in reader.rows("SELECT t, rss FROM samples WHERE proc = ? ORDER BY t", (pid,)):
-            yield f'{head}{us(t)!r},"args":{{"rss":{int(rss)}}}}}', 1
+    # each event's text made by SQLite, a chunk joined there: ts rounded to the nanosecond by
+    # printf (see sql_text: a tie rounds away from zero)
+    line = f"printf('{head}%.3f,\"args\":{{\"rss\":%d}}}}', (t - :origin) * 1e6, rss)"
+    key = ("t", "rowid")
+    try:
+        yield from joined_chunks(reader, line, "samples", "proc = :proc", key,
+                                 {"origin": origin, "proc": pid}, EVENT_SEP, clean_sql(("t",), ("rss",)), ("t", "rss"))
         return
-    # (t - origin) * 1e6 in SQL is the same double as in Python; the text is json.dumps' (a
-    # float's repr, compact), without a dict and a dumps() per event
-    for batch in reader.batches("SELECT (t - ?) * 1e6, rss FROM samples WHERE proc = ? ORDER BY t",
-                                (origin, pid), BATCH, checked=False):
-        yield EVENT_SEP.join([f'{head}{round(x, 3)!r},"args":{{"rss":{rss}}}}}'
-                              for x, rss in batch]), len(batch)
+    except Unchecked as damaged:
+        cond, after = after_key(key, damaged.after)
+    # a damaged row ahead: the checked rows say what is wrong (each event as the clean path writes it)
+    for t, rss in reader.rows(f"SELECT t, rss FROM samples WHERE proc = ?{cond} ORDER BY t, rowid",
+                              (pid, *after)):
+        yield f'{head}{us(t):.3f},"args":{{"rss":{int(rss)}}}}}', 1
 
 
 def _step_blocks(reader: RunReader, pid: int, origin: float, us: Callable[[float], float],
                  statuses: dict[str, str]) -> Iterator[Block]:
     head = '{"ph":"X","cat":"step","name":"step '
     mid = f'","pid":{pid},"tid":{STEPS_TID},"ts":'
+    fmt = f'{head}%d{mid}%.3f,"dur":%.3f,"args":{{"step":%d,"status":%s'
+    times = "step, (start - :origin) * 1e6, max(end - start, 0.0) * 1e6, step"
+    # json_quote() escapes as JSON must (quotes, backslashes, controls); a blob is damage, caught
+    # by the checks, but must not stop the query first
+    status = "CASE status WHEN 'ok' THEN '\"ok\"' ELSE json_quote(CAST(status AS TEXT)) END"
+    extra = " || ".join(f"coalesce(',\"{c}\":' || {c}, '')" for c in PEAKS)
+    # one printf for the usual rows (a host peak only, or none); SQLite's max() keeps its first
+    # argument on a tie, as Python's does
+    line = (f"CASE WHEN peak_allocated IS NULL AND peak_reserved IS NULL THEN CASE WHEN peak_rss IS NULL"
+            f" THEN printf('{fmt}}}}}', {times}, {status})"
+            f" ELSE printf('{fmt},\"peak_rss\":%d}}}}', {times}, {status}, peak_rss) END"
+            f" ELSE printf('{fmt}%s}}}}', {times}, {status}, {extra}) END")
+    check = clean_sql(("start", "end"), ("step", *PEAKS), ("status",), nullable=PEAKS)
+    key = ("step",)
+    try:
+        yield from joined_chunks(reader, line, "steps", "proc = :proc", key,
+                                 {"origin": origin, "proc": pid}, EVENT_SEP,
+                                 check, ("step", "start", "end", "status", *PEAKS))
+        return
+    except Unchecked as damaged:
+        cond, after = after_key(key, damaged.after)
 
     def quoted(status: str) -> str:
         return statuses.get(status) or statuses.setdefault(status, json.dumps(status))
 
-    if not columns_clean(reader, "steps", pid, times=("start", "end"), ints=("step", *PEAKS),
-                         texts=("status",), nullable=PEAKS):
-        for step, start, end, status, *peaks in reader.rows(
-                f"SELECT step, start, end, status, {', '.join(PEAKS)} FROM steps"
-                " WHERE proc = ? ORDER BY step", (pid,)):
-            if None in (step, start, end, status):
-                raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
-                                   f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
-            extra = "".join(f',"{c}":{int(v)}' for c, v in zip(PEAKS, peaks) if v is not None)
-            yield (f'{head}{step}{mid}{us(start)!r},"dur":{round(max(end - start, 0.0) * 1e6, 3)!r},'
-                   f'"args":{{"step":{step},"status":{quoted(status)}{extra}}}}}'), 1
-        return
-    # SQLite's max() keeps its first argument on a tie, as Python's does; the peaks' text (an
-    # integer's digits) is the same from SQLite as from Python
-    extra = " || ".join(f"coalesce(',\"{c}\":' || {c}, '')" for c in PEAKS)
-    for batch in reader.batches(
-            f"SELECT step, (start - ?) * 1e6, max(end - start, 0.0) * 1e6, status, {extra}"
-            " FROM steps WHERE proc = ? ORDER BY step", (origin, pid), BATCH, checked=False):
-        yield EVENT_SEP.join([f'{head}{step}{mid}{round(x, 3)!r},"dur":{round(d, 3)!r},'
-                              f'"args":{{"step":{step},"status":{quoted(status)}{more}}}}}'
-                              for step, x, d, status, more in batch]), len(batch)
+    for step, start, end, status, *peaks in reader.rows(
+            f"SELECT step, start, end, status, {', '.join(PEAKS)} FROM steps"
+            f" WHERE proc = ?{cond} ORDER BY step", (pid, *after)):
+        if None in (step, start, end, status):
+            raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
+                               f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
+        extra = "".join(f',"{c}":{int(v)}' for c, v in zip(PEAKS, peaks) if v is not None)
+        yield (f'{head}{step}{mid}{us(start):.3f},"dur":{max(end - start, 0.0) * 1e6:.3f},'
+               f'"args":{{"step":{step},"status":{quoted(status)}{extra}}}}}'), 1
 
 
 def _instant(ev: dict[str, Any], ts: float, known: set[int]) -> dict[str, Any]:
@@ -183,24 +196,27 @@ def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
     out.write(', "traceEvents": [\n')
     n = 0
     chunk: list[str] = []
+
+    def put(text: str | bytes, count: int) -> None:
+        nonlocal n
+        if n:
+            out.write(EVENT_SEP)
+        write_chunk(out, text)
+        n += count
+
     for event in chrome_events(reader):
         if isinstance(event, dict):
             chunk.append(json.dumps(event, separators=(",", ":")))
-            if len(chunk) < 4096:  # one write per few thousand events
-                continue
-            text, count = EVENT_SEP.join(chunk), len(chunk)
-            chunk.clear()
-        else:
-            if chunk:
-                out.write((EVENT_SEP if n else "") + EVENT_SEP.join(chunk))
-                n += len(chunk)
+            if len(chunk) >= 4096:  # one write per few thousand events
+                put(EVENT_SEP.join(chunk), len(chunk))
                 chunk.clear()
-            text, count = event
-        out.write((EVENT_SEP if n else "") + text)
-        n += count
+            continue
+        if chunk:
+            put(EVENT_SEP.join(chunk), len(chunk))
+            chunk.clear()
+        put(*event)
     if chunk:
-        out.write((EVENT_SEP if n else "") + EVENT_SEP.join(chunk))
-        n += len(chunk)
+        put(EVENT_SEP.join(chunk), len(chunk))
     out.write("\n]}\n")
     return n
 

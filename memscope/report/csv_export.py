@@ -4,14 +4,16 @@
   one row per reading, grouped by process and metric and time-ordered within a group::
 
       rank,proc,time_s,unix_time,step,phase,metric,device,bytes
-      ,1,0.412,1763759853.412,0,other,rss,host,237023232
+      ,1,0.412000,1763759853.412000,0,other,rss,host,237023232
 
   ``metric`` is ``rss`` (host resident memory), ``cuda_allocated``/``cuda_reserved`` (allocator
   bytes, ``device`` ``cuda:N``) or ``nvml_used`` (device memory used, as NVML reports it).
 * a directory: ``timeline.csv`` plus one ``<table>.csv`` per table of the run file, with the
   file's own column names (so a spreadsheet sees the same data as SQL would).
 
-Rows are streamed from SQLite: nothing is held in memory.
+Rows are streamed from SQLite, their text made there a chunk at a time (memscope/report/
+sql_text.py): nothing is held in memory. Integers are exact; a table's REAL has 18 significant
+digits (it reads back to the same double); timeline times are rounded to the microsecond.
 
 A run file can come from someone else: only the tables memscope's schema knows are written (a
 table name never becomes a path), every file lands inside the directory (a symlink there is
@@ -29,7 +31,9 @@ import os
 from typing import Any, Callable, Iterator, TextIO
 
 from memscope.errors import UserError
-from memscope.store.column_checks import columns_clean
+from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
+                                       joined_chunks, write_chunk)
+from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
 
@@ -37,9 +41,10 @@ TIMELINE_COLUMNS = ["rank", "proc", "time_s", "unix_time", "step", "phase", "met
                     "bytes"]
 SKIP_TABLES = {"migrations"}  # schema bookkeeping, not run data
 BATCH = 8192  # rows fetched, formatted and written at a time
+PLAIN_PHASES = ("forward", "backward", "optimizer", "other", "store", "capture")  # the agent's
 
 
-def timeline_blocks(reader: RunReader) -> Iterator[tuple[str, int]]:
+def timeline_blocks(reader: RunReader) -> Iterator[tuple[str | bytes, int]]:
     """``timeline.csv`` less its header, as blocks of lines (text, rows)."""
     run = reader.run()
     origin = run["started"] if run and run["started"] is not None else \
@@ -68,27 +73,28 @@ def timeline_blocks(reader: RunReader) -> Iterator[tuple[str, int]]:
 
 
 def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
-                  row: Callable[..., list[Any]]) -> Iterator[tuple[str, int]]:
-    """One process's host samples as CSV lines: checked for damage by one aggregate query, then
-    formatted a block at a time (``t - origin`` in SQL is the same double as in Python; each
-    distinct phase made a cell once, by the csv module itself)."""
-    if not columns_clean(reader, "samples", proc, times=("t",), ints=("step", "rss"),
-                         texts=("phase",), nullable=("step", "phase")):
-        for t, step, phase, rss in reader.rows(
-                "SELECT t, step, phase, rss FROM samples WHERE proc = ? ORDER BY t", (proc,)):
-            yield _line(row(t, step, phase, "rss", "host", rss)), 1
+                  row: Callable[..., list[Any]]) -> Iterator[tuple[str | bytes, int]]:
+    """One process's host samples as CSV lines, made by SQLite a chunk at a time (times rounded
+    to the microsecond by printf; the phase quoted and guarded in SQL), a damaged row and what
+    follows it through RunReader's checks (which name the damage)."""
+    # the agent's own phase words need no quoting: one printf; any other phase is quoted and
+    # guarded in SQL and joined with || (printf's %s would end it at a NUL character)
+    line = (f"CASE WHEN phase IN ({', '.join(repr(p) for p in PLAIN_PHASES)})"
+            f" THEN printf('%s,%.6f,%.6f,%s,%s,rss,host,%d' || char(10), :head, t - :origin, t, step, phase, rss)"
+            f" ELSE printf('%s,%.6f,%.6f,%s,', :head, t - :origin, t, step) || coalesce({csv_text('phase')}, '')"
+            f" || printf(',rss,host,%d' || char(10), rss) END")
+    key = ("t", "rowid")
+    try:
+        yield from joined_chunks(reader, line, "samples", "proc = :proc", key,
+                                 {"head": head, "origin": origin, "proc": proc}, "",
+                                 clean_sql(("t",), ("step", "rss"), ("phase",), ("step", "phase")),
+                                 ("t", "step", "rss", "phase"))
         return
-    phases: dict[Any, str] = {}
-
-    def cell(phase: Any) -> str:
-        if phase not in phases:
-            phases[phase] = _line([_cell(phase), ""])[:-2]  # csv's own quoting, less ",\n"
-        return phases[phase]
-
-    for batch in reader.batches("SELECT t - ?, t, coalesce(step, ''), phase, rss FROM samples"
-                                " WHERE proc = ? ORDER BY t", (origin, proc), BATCH, checked=False):
-        yield "".join([f"{head},{dt:.6f},{t:.6f},{step},{cell(phase)},rss,host,{rss}\n"
-                       for dt, t, step, phase, rss in batch]), len(batch)
+    except Unchecked as damaged:
+        cond, after = after_key(key, damaged.after)
+    for t, step, phase, rss in reader.rows(
+            f"SELECT t, step, phase, rss FROM samples WHERE proc = ?{cond} ORDER BY t, rowid", (proc, *after)):
+        yield _line(row(t, step, phase, "rss", "host", rss)), 1
 
 
 def _line(cells: list[Any]) -> str:
@@ -103,7 +109,7 @@ def write_timeline(reader: RunReader, out: TextIO) -> int:
     csv.writer(out, lineterminator="\n").writerow(TIMELINE_COLUMNS)
     n = 0
     for text, count in timeline_blocks(reader):
-        out.write(text)
+        write_chunk(out, text)
         n += count
     return n
 
@@ -121,29 +127,37 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     """Write one table (its own columns, rowid order) to ``out``; return the number of rows."""
     if table not in tables(reader):  # names come from sqlite_master only: nothing to inject
         raise ValueError(f"no table {table!r} in {reader.path}")
-    w = csv.writer(out, lineterminator="\n")
     columns = reader.columns(table)
-    w.writerow(columns)
+    csv.writer(out, lineterminator="\n").writerow(columns)
+    if not columns:
+        return 0
     n = 0
-    # the table as it is, each value made a cell by SQLite (what _cell does, per column, in C);
-    # csv writes NULL as an empty cell, and a block of rows at a time (no Python step per row)
-    numeric = _numeric_columns(reader, table, columns)
-    cells = ", ".join(_quoted(c) if c in numeric else _sql_cell(c) for c in columns)
-    for batch in reader.batches(f'SELECT {cells} FROM "{table}"', (), BATCH, checked=False):
+    cond, after = "", ()
+    if floats_round_trip(reader.conn):
+        # each line made by SQLite (what _cell and csv.writer do, per value, in C), a chunk of
+        # lines joined there; a REAL as 18 significant digits, which parse back to its double
+        line = csv_line([(_quoted(c), declared.upper() not in ("INTEGER", "REAL"))
+                         for c, declared in _declared(reader, table)])
+        try:
+            for text, count in joined_chunks(reader, line, _quoted(table), "1", ("rowid",), {}, ""):
+                write_chunk(out, text)
+                n += count
+            return n
+        except Unchecked as refused:  # SQLite could not read a chunk: the row reads say why
+            cond, after = after_key(("rowid",), refused.after)
+    # csv.writer writes each REAL as Python's repr (this SQLite's float text may not parse back)
+    w = csv.writer(out, lineterminator="\n")
+    cells_sql = ", ".join(_sql_cell(c) for c in columns)
+    for batch in reader.batches(f"SELECT {cells_sql} FROM {_quoted(table)} WHERE 1{cond} ORDER BY rowid",
+                                after, BATCH, checked=False):
         w.writerows(batch)
         n += len(batch)
     return n
 
 
-def _numeric_columns(reader: RunReader, table: str, columns: list[str]) -> set[str]:
-    """The columns holding no text and no blob (their maximum is a number, or NULL: text and
-    blobs sort above numbers): :func:`_cell` leaves their values as they are, so the dump reads
-    them as they are, without a CASE per value. One pass over the table."""
-    if not columns:
-        return set()
-    types = reader.conn.execute(
-        f"SELECT {', '.join(f'typeof(max({_quoted(c)}))' for c in columns)} FROM {_quoted(table)}").fetchone()
-    return {c for c, t in zip(columns, types) if t in ("integer", "real", "null")}
+def _declared(reader: RunReader, table: str) -> list[tuple[str, str]]:
+    """(column, declared type) of ``table`` in the file, in order."""
+    return [(r["name"], str(r["type"] or "")) for r in reader.query(f"PRAGMA table_info({_quoted(table)})")]
 
 
 def _quoted(name: str) -> str:
@@ -153,7 +167,7 @@ def _quoted(name: str) -> str:
 def _sql_cell(column: str) -> str:
     """:func:`_cell` as an SQL expression over ``column``."""
     q = _quoted(column)
-    starts = ", ".join(f"char({ord(c)})" for c in _FORMULA_START)
+    starts = ", ".join(f"char({ord(c)})" for c in FORMULA_START)
     return (f"CASE WHEN typeof({q}) = 'text' AND substr({q}, 1, 1) IN ({starts}) THEN char(39) || {q}"
             f" WHEN typeof({q}) = 'blob' THEN lower(hex({q})) ELSE {q} END")
 
@@ -196,15 +210,12 @@ def _write_inside(directory: str, name: str, write: Callable[..., int]) -> int:
     return n
 
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
 def _cell(v: Any) -> Any:
     """A value as a CSV cell: NULL empty; text a spreadsheet would evaluate (``=HYPERLINK(...)``)
     with a leading ``'``; numbers as they are."""
     if v is None:
         return ""
-    if isinstance(v, str) and v.startswith(_FORMULA_START):
+    if isinstance(v, str) and v.startswith(FORMULA_START):
         return "'" + v
     if isinstance(v, bytes):  # a BLOB: shown as hex, never raw bytes
         return v.hex()

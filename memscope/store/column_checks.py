@@ -4,7 +4,9 @@ An export of a million rows would spend a second in :meth:`RunReader.rows`' chec
 per value. One aggregate pass answers the same question for a process's rows: every value of the
 right type, within the bounds, and present where the schema says NOT NULL. When it says yes the
 caller reads the rows unchecked (``checked=False``); when it says no, it reads them through the
-checks as before, which name the damage in one line.
+checks as before, which name the damage in one line. An export that makes its text in SQL
+evaluates the same condition (:func:`clean_sql`) per chunk of the rows it writes, in the query
+that writes them (no pass of its own).
 
     if columns_clean(reader, "samples", proc, times=("t",), ints=("rss",)):
         ...fast path...
@@ -35,10 +37,24 @@ def columns_clean(reader: "RunReader", table: str, proc: int, times: tuple[str, 
                   nullable: tuple[str, ...] = ()) -> bool:
     """Whether every row of ``proc`` in ``table`` passes RunReader's checks for these columns:
     ``times`` REAL or INTEGER, ``ints`` INTEGER, ``texts`` TEXT; none NULL unless ``nullable``."""
+    sql = (f"SELECT {clean_sql(times, ints, texts, nullable)} FROM {scan_source(reader, table)}"
+           " WHERE proc = ?")
+    try:
+        row = reader.conn.execute(sql, (proc,)).fetchone()
+    except sqlite3.Error:  # an integer overflow in sum(), a damaged page: the checked path says which
+        return False
+    return bool(row and row[0])
+
+
+def clean_sql(times: tuple[str, ...] = (), ints: tuple[str, ...] = (), texts: tuple[str, ...] = (),
+              nullable: tuple[str, ...] = ()) -> str:
+    """The aggregate condition :func:`columns_clean` evaluates, over any set of rows (an export
+    evaluates it per chunk of the rows it writes). It may fail with an integer overflow in
+    ``sum()``: not clean either."""
     conds = []
     for c in (*times, *ints, *texts):
         q = f'"{c}"'
-        if c not in nullable:
+        if c not in nullable:  # count() per column: cheaper than one max() over an OR of IS NULLs
             conds.append(f"count({q}) = count(*)")
         if c in texts:
             conds.append(f"coalesce(typeof(min({q})) = 'text' AND typeof(max({q})) = 'text', 1)")
@@ -49,9 +65,4 @@ def columns_clean(reader: "RunReader", table: str, proc: int, times: tuple[str, 
         if c in BOUNDS:
             b = BOUNDS[c]
             conds.append(f"coalesce(min({q}) >= {-b!r} AND max({q}) <= {b!r}, 1)")
-    sql = f"SELECT {' AND '.join(conds) or '1'} FROM {scan_source(reader, table)} WHERE proc = ?"
-    try:
-        row = reader.conn.execute(sql, (proc,)).fetchone()
-    except sqlite3.Error:  # an integer overflow in sum(), a damaged page: the checked path says which
-        return False
-    return bool(row and row[0])
+    return " AND ".join(conds) or "1"
