@@ -184,12 +184,20 @@ def test_not_measured_under_torch_compile_nor_on_cuda() -> None:
     assert peak.peak is None and host.events == []  # the allocator's peak is in the steps table
 
     compiled = torch.compile(lambda t: t * 2, backend="eager")
-    compiled(torch.ones(2))
-    host, peak = _collector()
-    peak.step_opening(2)
-    assert peak.peak is None and _get_current_dispatch_mode() is None
-    (kind, _, data), = host.events
-    assert kind == "tensor_peak_skipped" and "torch.compile" in data["why"]
+    try:
+        compiled(torch.ones(2))
+        host, peak = _collector()
+        peak.step_opening(2)
+        assert peak.peak is None and _get_current_dispatch_mode() is None
+        (kind, _, data), = host.events
+        assert kind == "tensor_peak_skipped" and "torch.compile" in data["why"]
+    finally:  # this process's later tests (the worker's next files) see no compile
+        from torch._dynamo import reset
+        from torch._dynamo.utils import counters
+
+        del compiled
+        reset()
+        counters.clear()
 
 
 def test_on_cuda_the_allocator_peak_less_the_workspaces(tmp_path: Path) -> None:

@@ -46,6 +46,19 @@ def _tiny_gpt_module() -> Any:
 GPT = _tiny_gpt_module()
 
 
+@pytest.fixture(autouse=True)
+def _no_compile_before() -> None:
+    """The in-process profiles are not taken once Dynamo compiled in the process: a compile by
+    an earlier test file on this xdist worker is forgotten first."""
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo import reset
+        from torch._dynamo.utils import counters
+
+        reset()
+        counters.clear()
+        gc.collect()  # compiled modules of earlier tests
+
+
 def _model(checkpoint: bool = False) -> Any:
     torch.manual_seed(0)
     return GPT.TinyGPT(256, 32, 4, 2, 32, checkpoint=checkpoint)
@@ -294,4 +307,7 @@ def test_a_model_compiled_while_the_profile_is_armed(tmp_path: Path) -> None:
     assert [x for x in out.stderr.splitlines() if not x.startswith("memscope: ")] == ref.stderr.splitlines()
     assert [s["reason"] for s in _events(db, "sac_profile_skipped")] == ["compiled"]
     assert _events(db, "sac_profile") == []
+    # the one-step tensor peak armed for the same step: set aside while Dynamo compiled, dropped
+    assert [e["why"] for e in _events(db, "tensor_peak_skipped")] == ["torch.compile ran during the step"]
+    assert _events(db, "tensor_peak") == []
 

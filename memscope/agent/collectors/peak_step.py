@@ -11,8 +11,10 @@ Not measured (the reading side does without, or has better):
 * on CUDA: the allocator's peak of each step is in the steps table already (``peak_allocated``,
   the exact high-water mark, read without resetting the program's counters);
 * under ``torch.compile`` (a dispatch mode on the stack would make Dynamo recompile or fall
-  back), or while a TorchDispatchMode of the program's is active (ours would sit under or over
-  it): an event ``tensor_peak_skipped`` says why;
+  back; a script that first compiles during the measured step gets the step dropped: the mode
+  tells Dynamo to set it aside while compiling, so the compiled code's ops go unseen), or
+  while a TorchDispatchMode of the program's is active (ours would sit under or over it): an
+  event ``tensor_peak_skipped`` says why;
 * with per-layer profiling off (no breakdown to read it beside), or where the ``tensor_peak``
   option measures every step already.
 """
@@ -90,7 +92,11 @@ class PeakStep:
         try:
             uncounted, grads = peak.uncounted, peak.grads_at_peak
             high, start = peak.end()
-            if step == peak.step:
+            if step == peak.step and compile_used():  # compiled during the step: its ops unseen
+                self.host.event("tensor_peak_skipped", f"step {step}: live tensor peak not measured: "
+                                "torch.compile ran during the step (the compiled code's tensors are "
+                                "not all seen)", {"step": step, "why": "torch.compile ran during the step"})
+            elif step == peak.step:
                 missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
                 self.host.event("tensor_peak", f"step {step}: live tensor bytes peaked at {high}{missed} "
                                                "(one measured step)",

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from memscope.agent.torchcompat.compiled import is_compiling, runtime_only
 from memscope.agent.torchcompat.storages import storages
 from memscope.agent.torchcompat.unseen import unseen
 
@@ -40,10 +41,12 @@ class TensorPeak:
     gradient accumulation keeps them live through every micro-batch."""
 
     def __init__(self, outside_compile: bool = False) -> None:
-        # outside_compile: the caller never measures while Dynamo compiles (the plain run's one
-        # step), so the mode opts out of torch's _disable_dynamo wrap of __torch_dispatch__,
+        # outside_compile: the caller does not start measuring under compile (the plain run's
+        # one step), so the mode opts out of torch's _disable_dynamo wrap of __torch_dispatch__,
         # which imports torch._dynamo at the first op (a second or more of CPU, into a process
-        # that may never compile) and switches frame evaluation on every op
+        # that may never compile) and switches frame evaluation on every op. Should the script
+        # compile during the step, Dynamo inlines __torch_dispatch__: is_compiling() makes it
+        # the bare op there (the compiled graph's ops still come through the mode when they run)
         self.outside_compile = outside_compile
         self.step: int | None = None
         self.live: dict[int, int] = {}
@@ -61,6 +64,7 @@ class TensorPeak:
         self.stuck: Any = None  # a mode left on the stack under the program's own (see leave)
         self._thread: int | None = None
 
+    @runtime_only  # its mode's __torch_dispatch__ runs inside a compiled graph's ops: never compiled
     def begin(self, step: int, tensors: Callable[[], list[Any] | None] | None = None) -> None:
         """Count what is live and start counting what the step's ops make. ``tensors``: every
         live tensor with a Python object (the agent's registry of live tensors, a list the
@@ -77,8 +81,16 @@ class TensorPeak:
             def _should_skip_dynamo(cls) -> bool:
                 return not tracker.outside_compile
 
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                # a script that compiles while the plain run's step is measured: Dynamo turns
+                # the mode off while it compiles (else it refuses to, and fullgraph=True fails)
+                return tracker.outside_compile
+
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 out = func(*args, **(kwargs or {}))
+                if is_compiling():
+                    return out
                 if tracker.active:
                     tracker.add_tree(out)
                 return out
