@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runs import shared_attach
+from shared_runs import shared_attach
 from suite_order import heaviest_first
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def report_json(db: Path | str) -> dict[str, Any]:
 def oom_example_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run of examples/oom.py: 3 completed steps, then a CPU allocator OOM in the forward
     of step 3 (read, never written, by the tests that share it: the exports' and the dashboard's,
-    on either xdist worker: tests/runs.py)."""
+    on either xdist worker: tests/shared_runs.py)."""
     db, out = shared_attach(tmp_path_factory, ["--sample-hz", "50"], ["examples/oom.py", "--fail-step", "3"])
     assert out.returncode == 1, out.stderr
     return db

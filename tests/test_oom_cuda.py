@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, cli, memscope, report_json
+from conftest import cli, memscope, report_json
 from memscope.agent.collectors import cuda
 from memscope.agent.runtime.config import AgentOptions
 from memscope.units import human_bytes
@@ -355,11 +355,9 @@ def test_real_oom_record_renders(tmp_path: Path) -> None:
     assert_text_shows(doc["details"], text)
 
 
-def test_cpu_oom_text_shows_everything(tmp_path: Path) -> None:
+def test_cpu_oom_text_shows_everything(oom_example_run: Path) -> None:
     """examples/oom.py on CPU: no allocator fields, and the text still says all the JSON says."""
-    db = tmp_path / "cpu.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "oom.py"), "--fail-step", "1")
-    assert out.returncode == 1
+    db = oom_example_run  # the session's run of it (tests/conftest.py), failing at step 3
     d = json.loads(cli("oom", str(db), "--json").stdout)["details"]
     assert d["device"] == "cpu" and "allocated_bytes" not in d
     text = cli("oom", str(db)).stdout

@@ -11,7 +11,7 @@ import pytest
 from memscope.analysis.timeline import main_process, memory_timeline, recent_steps
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run
-from runs import shared_attach
+from shared_runs import shared_attach
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 8
@@ -19,7 +19,7 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The dashboard tests' run of examples/tiny_gpt.py (made once per session: tests/runs.py)."""
+    """The dashboard tests' run of examples/tiny_gpt.py (made once per session: tests/shared_runs.py)."""
     db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", str(STEPS)])
     assert out.returncode == 0, out.stderr
     # fail here, with the agent's words, if the run recorded nothing to draw
