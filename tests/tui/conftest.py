@@ -32,6 +32,7 @@ free_port = _top.free_port
 torchrun = _top.torchrun
 shared_attach = _top.shared_attach
 cli = _top.cli
+graph_malloc = _top.graph_malloc
 
 
 def _attach(db: Path, *command: str, ok: bool = True) -> None:
