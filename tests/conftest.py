@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from shared_runs import shared_attach
 from suite_order import heaviest_first
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +67,34 @@ def torchrun(nproc: int = 2) -> list[str]:
             "--master-port", str(free_port())]
 
 
+# The reading commands whose output a test reads as data can run in this process (``cli``):
+# ``python -m memscope`` is ``sys.exit(main(argv))``, so main's exit status and output are the
+# subprocess's, without an interpreter start each (~0.4 s, a few hundred calls in the suite).
+# Where the claim is about the process itself (one error line and an exit status from a real
+# process: tests/test_bad_input.py, tests/faults/), ``memscope`` runs a real one.
+IN_PROCESS = {"report", "leaks", "oom", "layers", "diff"}
+
+
+def cli(*args: str, cwd: Path | str = ROOT, env: dict[str, str] | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``memscope ARGS``'s exit status, stdout and stderr: a reading command in this process
+    (where a subprocess would see what this process sees), anything else as :func:`memscope`."""
+    if args[0] not in IN_PROCESS or env is not None or Path(cwd).resolve() != Path.cwd().resolve():
+        return memscope(*args, cwd=cwd, env=env, timeout=timeout)
+    from memscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # --help: argparse exits
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess([sys.executable, "-m", "memscope", *args], code,
+                                       out.getvalue(), err.getvalue())
+
+
 def report_json(db: Path | str) -> dict[str, Any]:
-    out = memscope("report", str(db), "--json")
+    out = cli("report", str(db), "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -73,10 +102,9 @@ def report_json(db: Path | str) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def oom_example_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run of examples/oom.py: 3 completed steps, then a CPU allocator OOM in the forward
-    of step 3 (read, never written, by the tests that share it)."""
-    db = tmp_path_factory.mktemp("oom-example") / "run.db"
-    out = memscope("attach", "--headless", "--sample-hz", "50", "--db", str(db),
-                   str(EXAMPLES / "oom.py"), "--fail-step", "3")
+    of step 3 (read, never written, by the tests that share it: the exports' and the dashboard's,
+    on either xdist worker: tests/shared_runs.py)."""
+    db, out = shared_attach(tmp_path_factory, ["--sample-hz", "50"], ["examples/oom.py", "--fail-step", "3"])
     assert out.returncode == 1, out.stderr
     return db
 

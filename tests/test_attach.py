@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, memscope, report_json, torchrun
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json, torchrun
 
 
 def attach(db: Path, *command: str, **kw: object) -> "subprocess.CompletedProcess[str]":  # noqa: F821
@@ -139,7 +139,7 @@ def test_sigkilled_child_still_reports(run_db: Path) -> None:
     report = report_json(run_db)
     assert report["run"]["signal"] == 9 and report["run"]["exit_code"] is None
     assert report["run"]["steps"] == 4
-    text = memscope("report", str(run_db))
+    text = cli("report", str(run_db))
     assert "killed, signal 9" in text.stdout
     with sqlite3.connect(run_db) as conn:
         assert conn.execute("SELECT status FROM processes").fetchone()[0] == "lost"

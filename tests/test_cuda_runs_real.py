@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import memscope
+from conftest import cli
 
 DATA = Path(__file__).parent / "data"
 PLAIN_MAX_ALLOCATED = 376_887_296  # the plain run's max_memory_allocated, same machine and session
@@ -27,7 +27,7 @@ def copy(name: str, tmp_path: Path) -> Path:
 
 def test_the_attached_peak_is_the_plain_runs_max_memory_allocated(tmp_path: Path) -> None:
     db = copy("cuda_run_nanogpt_real.db", tmp_path)
-    out = memscope("report", str(db), "--json")
+    out = cli("report", str(db), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     run, peak = doc["run"], doc["peak"]
@@ -41,13 +41,13 @@ def test_the_attached_peak_is_the_plain_runs_max_memory_allocated(tmp_path: Path
     assert parts["parameters"] == parts["gradients"] == 43_083_264
     assert 2 * parts["parameters"] <= parts["optimizer_state"] <= 2 * parts["parameters"] + 4096
     assert parts["activations"] > 0 and parts["other"] >= 0
-    text = memscope("report", str(db)).stdout
+    text = cli("report", str(db)).stdout
     assert "peak      359.43 MiB CUDA allocated at step 1" in text
 
 
 def test_a_leak_on_the_gpu_is_reported_with_its_holder_and_line(tmp_path: Path) -> None:
     db = copy("cuda_run_leak_real.db", tmp_path)
-    doc = json.loads(memscope("report", str(db), "--json").stdout)
+    doc = json.loads(cli("report", str(db), "--json").stdout)
     assert doc["leak_check"]["verdict"] == "ok" and doc["run"]["steps"] == 200
     (leak,) = doc["leaks"]
     assert leak["held_by"] == "__main__.history" and leak["tensors_per_step"] == 1.0
@@ -55,5 +55,5 @@ def test_a_leak_on_the_gpu_is_reported_with_its_holder_and_line(tmp_path: Path) 
     assert leak["graph_nodes_per_step"] == 7.0 and leak["node_bytes_measured"] is False
     script = (DATA / "cuda_run_leak_real_script.py").read_text().splitlines()
     assert "history.append(loss)" in script[10] and "loss = " in script[8]  # lines 11 and 9
-    text = memscope("leaks", str(db)).stdout
+    text = cli("leaks", str(db)).stdout
     assert "LEAK  activations float32 [] MeanBackward0" in text and "store loss.item()" in text

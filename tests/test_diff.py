@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, memscope
+from conftest import EXAMPLES, cli, memscope
 
 GPT = ["--steps", "4", "--eval-every", "0", "--batch", "8", "--seq", "96", "--layers", "2"]
 
@@ -26,7 +26,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def diff_json(a: Path, b: Path) -> dict:  # type: ignore[type-arg]
-    res = memscope("diff", str(a), str(b), "--json")
+    res = cli("diff", str(a), str(b), "--json")
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -48,7 +48,7 @@ def test_checkpointing_saving_shows(runs: tuple[Path, Path]) -> None:
     assert d["steps"]["a"] == d["steps"]["b"] == 4
     assert d["median_step_s"]["a"] > 0 and d["median_step_s"]["b"] > 0
     assert d["leaks"]["groups"] == []
-    text = memscope("diff", str(a), str(b))
+    text = cli("diff", str(a), str(b))
     assert text.returncode == 0, text.stderr
     row = next(ln for ln in text.stdout.splitlines() if ln.strip().startswith("activations (layers)"))
     assert "-" in row.split("MiB")[2]  # B - A is negative
@@ -75,14 +75,14 @@ def test_leak_fixed_in_b(tmp_path: Path) -> None:
     assert d["leaks"]["bytes_per_step"]["a"] == 32 * 256 * 4 and d["leaks"]["bytes_per_step"]["b"] == 0
     group = d["leaks"]["groups"][0]
     assert group["shape"] == [32, 256] and group["a"] == 32 * 256 * 4 and group["b"] is None
-    assert "fixed in B" in memscope("diff", str(dbs[0]), str(dbs[1])).stdout
+    assert "fixed in B" in cli("diff", str(dbs[0]), str(dbs[1])).stdout
 
 
 def test_bad_input_one_line(runs: tuple[Path, Path], tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not sqlite at all" * 100)
     for args in ([str(runs[0]), str(junk)], [str(tmp_path / "nope.db"), str(runs[0])], [str(runs[0])]):
-        res = memscope("diff", *args)
+        res = memscope("diff", *args)  # a real process: its one line and exit status
         assert res.returncode == 2
         assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
 
@@ -95,4 +95,4 @@ def test_a_side_without_profiling_says_so(runs: tuple[Path, Path], tmp_path: Pat
     d = diff_json(runs[0], db)
     assert d["activations"]["a"] > 0 and d["activations"]["b"] is None
     assert d["layers"] and all(x["b"] is None and x["delta"] is None for x in d["layers"])
-    assert "B has no profiled step" in memscope("diff", str(runs[0]), str(db)).stdout
+    assert "B has no profiled step" in cli("diff", str(runs[0]), str(db)).stdout

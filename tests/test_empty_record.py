@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, memscope, report_json
+from conftest import ROOT, SCRIPTS, cli, memscope, report_json
 from memscope.runners.isolated import blind_flags, rewrite
 from memscope.store.reader import RunReader
 
@@ -52,7 +52,7 @@ def test_a_command_string_under_E_is_said_to_be_unrecordable(tmp_path: Path) -> 
     (line,) = data["run"]["recording"]
     assert line.startswith("empty: python -E ignores PYTHONPATH")
     assert data["leak_check"]["verdict"] == "insufficient"
-    text = memscope("report", str(db)).stdout
+    text = cli("report", str(db)).stdout
     assert "run at least" not in text and "no training step was recorded" in text
 
 

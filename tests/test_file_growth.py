@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from memscope.store import fold
-from conftest import EXAMPLES, SCRIPTS, memscope, report_json
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
 
 UNFOLDED = {"MEMSCOPE_FOLD_AFTER": str(10 ** 12)}
 
@@ -117,7 +117,7 @@ def test_attached_run_folds_and_reports_every_step(tmp_path: Path) -> None:
     assert "300 steps" in out.stderr + out.stdout
     assert report_json(db)["run"]["steps"] == 300
     _check_kept(db, 300, 30, 60)
-    text = memscope("report", str(db))
+    text = cli("report", str(db))
     assert text.returncode == 0 and "300 completed" in text.stdout
     # the Chrome trace shows every step: kept ones as step spans, folded ones as window spans
     trace = tmp_path / "trace.json"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, memscope
+from conftest import EXAMPLES, ROOT, cli, memscope
 from memscope.analysis import fit as planning
 from memscope.analysis.fit import Allowance, BatchArgument, Plan
 from memscope.errors import UserError
@@ -236,7 +236,7 @@ def near_limit_run(path: Path, reserved: int, total: int) -> Path:
 
 def test_report_suggests_a_plan_near_the_device_limit(tmp_path: Path) -> None:
     db = near_limit_run(tmp_path / "near.db", 30 * GiB, 32 * GiB)
-    out = memscope("report", "--json", str(db))
+    out = cli("report", "--json", str(db))
     assert out.returncode == 0, out.stderr
     sg = {s["technique"]: s for s in json.loads(out.stdout)["suggestions"]}
     plan = sg["fit_plan"]
@@ -244,5 +244,5 @@ def test_report_suggests_a_plan_near_the_device_limit(tmp_path: Path) -> None:
     assert "memscope fit --gpu 32GiB SCRIPT.py" in plan["how"]
     assert plan["estimated_saving_bytes"] > 0
     far = near_limit_run(tmp_path / "far.db", 30 * GiB, 80 * GiB)
-    out = memscope("report", "--json", str(far))
+    out = cli("report", "--json", str(far))
     assert "fit_plan" not in {s["technique"] for s in json.loads(out.stdout)["suggestions"]}

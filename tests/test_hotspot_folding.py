@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, memscope
+from conftest import EXAMPLES, cli, memscope
 from memscope.analysis.hotspots import hotspots
 
 
@@ -16,8 +16,8 @@ def layers(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], list[d
     db = tmp_path_factory.mktemp("fold") / "run.db"
     out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"), "--steps", "3")
     assert out.returncode == 0, out.stderr
-    flat = memscope("layers", str(db), "--json")
-    folded = memscope("layers", str(db), "--depth", "1", "--json")
+    flat = cli("layers", str(db), "--json")
+    folded = cli("layers", str(db), "--depth", "1", "--json")
     assert flat.returncode == 0 and folded.returncode == 0, flat.stderr + folded.stderr
     return json.loads(flat.stdout)["modules"], json.loads(folded.stdout)["modules"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, memscope, torchrun
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, torchrun
 from memscope.analysis.summary import summarize
 from memscope.analysis.timeline import memory_timeline
 from memscope.report.html import CHART_H, CHART_W, OOM_COLOR, PAD_L, PAD_R, PALETTE
@@ -130,7 +130,7 @@ def oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_html(db: Path, tmp_path: Path, *extra: str) -> tuple[Path, str]:
     page = tmp_path / "report.html"
-    out = memscope("report", str(db), "--html", str(page), *extra)
+    out = cli("report", str(db), "--html", str(page), *extra)
     assert out.returncode == 0, out.stderr
     assert f"wrote {page}" in out.stderr
     return page, out.stdout
@@ -234,7 +234,7 @@ def test_html_ranks(tmp_path: Path) -> None:
     (".", "is a directory"),
 ])
 def test_html_bad_target(oom_run: Path, target: str, message: str) -> None:
-    out = memscope("report", str(oom_run), "--html", target)
+    out = memscope("report", str(oom_run), "--html", target)  # the real process's line and status
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
 

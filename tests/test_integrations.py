@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, memscope
+from conftest import ROOT, cli, memscope
 
 LIGHTNING = '''
 import json, sys
@@ -123,7 +123,7 @@ def test_callback_starts_memscope(framework: str, tmp_path: Path) -> None:
     assert f["step_mode"] == "manual" and f["processes"] == 1
     assert f["names"] == [{"message": name, "name": name, "framework": framework, "global_step": 0}]
     assert f["run_status"] == "finished"  # the callback started the run and stopped it
-    report = memscope("report", str(db), "--json")
+    report = cli("report", str(db), "--json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["run"]["steps"] == optimizer_steps
 

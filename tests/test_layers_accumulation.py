@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import memscope, report_json
+from conftest import cli, memscope, report_json
 
 F32 = 4
 D_IN, D_H = 256, 1024
@@ -52,7 +52,7 @@ def saved_by(b: int) -> dict[str, int]:
 
 
 def layers_json(db: Path) -> dict[str, Any]:
-    out = memscope("layers", str(db), "--json")
+    out = cli("layers", str(db), "--json")
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout))
 
@@ -77,9 +77,9 @@ def test_hotspots_are_one_micro_batch(tmp_path: Path, sizes: str, largest: int) 
     assert rows["1"]["output_bytes"] == largest * D_H * F32
     assert rows[""]["output_bytes"] == rows["2"]["output_bytes"] == largest * D_IN * F32
     # the tables say what a row is
-    text = memscope("layers", str(db)).stdout
+    text = cli("layers", str(db)).stdout
     assert text.splitlines()[0].endswith("per micro-batch (4 in the step; the one that saved the most)")
-    assert "per micro-batch (4 in the step" in memscope("report", str(db)).stdout
+    assert "per micro-batch (4 in the step" in cli("report", str(db)).stdout
 
 
 def test_without_accumulation_nothing_changes(tmp_path: Path) -> None:
@@ -87,8 +87,8 @@ def test_without_accumulation_nothing_changes(tmp_path: Path) -> None:
     report = report_json(db)
     assert {h["module"]: h["activation_bytes"] for h in report["hotspots"]} == saved_by(64)
     assert report["hotspots_micro_batches"] == 1
-    assert "micro-batch" not in memscope("layers", str(db)).stdout
-    assert "micro-batch" not in memscope("report", str(db)).stdout
+    assert "micro-batch" not in cli("layers", str(db)).stdout
+    assert "micro-batch" not in cli("report", str(db)).stdout
 
 
 TWO_MODELS = """

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import memscope, report_json
+from conftest import cli, memscope, report_json
 
 F32 = 4
 B = 16
@@ -74,7 +74,7 @@ def attach(tmp_path: Path, kind: str, where: str) -> Path:
 
 
 def modules(db: Path) -> dict[str, dict[str, Any]]:
-    out = memscope("layers", str(db), "--json")
+    out = cli("layers", str(db), "--json")
     assert out.returncode == 0, out.stderr
     layers = json.loads(out.stdout)
     assert layers["micro_batches"] == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, memscope, report_json
+from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.analysis.leaks import LeakCheck
 
 
@@ -22,7 +22,7 @@ def test_gc_off_is_seen_and_said(tmp_path: Path, mode: str, words: str) -> None:
     (lk,) = report["leaks"]
     assert lk["held_by"] == "__main__.kept" and lk["bytes_per_step"] == 16 * 64 * 4
     check = report["leak_check"]
-    leaks_text = memscope("leaks", str(db)).stdout
+    leaks_text = cli("leaks", str(db)).stdout
     behind = check["last_step"] - check["last_inventory_step"]
     if behind > 16:  # the budget spaced them out: the reason is given, with what to do
         assert f"the last tensor inventory was at step {check['last_inventory_step']} of 59" in leaks_text

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, memscope, report_json
+from conftest import EXAMPLES, cli, memscope, report_json
 from memscope.analysis.unexplained import is_unexplained
 
 LEAKS = EXAMPLES / "leaks"
@@ -31,9 +31,9 @@ def test_growth_nothing_explains(tmp_path: Path) -> None:
     assert g["unexplained_bytes_per_step"] == g["bytes_per_step"] - g["charged_bytes_per_step"]
     (sug,) = report["suggestions"]
     assert sug["technique"] == "fix_leak" and "tracemalloc" in sug["how"] and "host RSS" in sug["evidence"]
-    text = memscope("leaks", str(db)).stdout
+    text = cli("leaks", str(db)).stdout
     assert "GROWTH host RSS" in text and "no tensor group explains" in text
-    assert "growth    host RSS" in memscope("report", str(db)).stdout
+    assert "growth    host RSS" in cli("report", str(db)).stdout
 
 
 def test_the_tensors_share_says_it_rests_on_the_rss_estimate() -> None:
@@ -77,7 +77,7 @@ def test_dataloader_workers_copy_on_read(tmp_path: Path) -> None:
     assert report["leaks"] == []
     fix = [s for s in report["suggestions"] if "DataLoader" in s["evidence"]]
     assert fix and "numpy arrays" in fix[0]["how"] and "13246" in fix[0]["how"]
-    text = memscope("leaks", str(db)).stdout
+    text = cli("leaks", str(db)).stdout
     assert "WORKERS 2 of 2 DataLoader worker(s)" in text
     _, control = runs["numpy"]
     assert control["dataloader_workers"] is None and control["suggestions"] == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, memscope, report_json
+from conftest import ROOT, SCRIPTS, cli, memscope, report_json
 from memscope.analysis.leak_patch import patch_line
 from memscope.analysis.leaks import Leak
 
@@ -64,7 +64,7 @@ def test_the_diff_applies_and_removes_the_leak(tmp_path: Path) -> None:
     db = tmp_path / "leak.db"
     out = memscope("attach", "--headless", "--db", str(db), str(script), "--leak", "callback", "--steps", "12")
     assert out.returncode == 0, out.stderr
-    diff = memscope("leaks", str(db), "--diff")
+    diff = cli("leaks", str(db), "--diff")
     assert diff.returncode == 0, diff.stderr
     assert "-    kept_losses.append(trainer.loss)\n+    kept_losses.append(trainer.loss.item())\n" in diff.stdout
     assert diff.stdout.count("\n--- a/") == 1 and "--- a/tests/scripts/leaky_gpt.py" in diff.stdout
@@ -85,7 +85,7 @@ def test_the_diff_applies_and_removes_the_leak(tmp_path: Path) -> None:
     out = memscope("attach", "--headless", "--db", str(plain), str(ROOT / "examples" / "leaks" / "detached_list.py"),
                    "--steps", "10")
     assert out.returncode == 0, out.stderr
-    text = memscope("leaks", str(plain), "--diff").stdout
+    text = cli("leaks", str(plain), "--diff").stdout
     assert "--- a/" not in text and "# no patch: its tensors carry no autograd graph" in text
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, graph_malloc, memscope, report_json
+from conftest import EXAMPLES, ROOT, cli, graph_malloc, memscope, report_json
 from memscope.analysis.leaks import Leak, find_leaks, growth
 from memscope.store.schema import SCHEMA_VERSION, migrate
 from memscope.units import human_bytes
@@ -198,13 +198,13 @@ def test_leak_reported_by_step_7(example_run: tuple[dict[str, Any], Path, dict[s
 
 def test_leaks_text_at_defaults(example_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
     case, db, _ = example_run
-    out = memscope("leaks", str(db))
+    out = cli("leaks", str(db))
     assert out.returncode == 0, out.stderr
     assert "LEAK" in out.stdout and case["held_by"] in out.stdout and case["fix"] in out.stdout
     assert f"stored at {case['site']}" in out.stdout
     if case["kind"] == "graph":
         assert "nodes/step" in out.stdout and "estimated at 800 bytes a node" in out.stdout
-    text = memscope("report", str(db)).stdout
+    text = cli("report", str(db)).stdout
     assert "leak " in text and case["held_by"] in text
 
 
@@ -240,7 +240,7 @@ def test_healthy_run_has_no_leak(healthy_runs: list[Path]) -> None:
         assert max(preds) >= 15 and any(b < a for a, b in zip(preds, preds[1:]))
         if db.name == "every.db":
             assert inventoried == list(range(steps))
-        out = memscope("leaks", str(db))
+        out = cli("leaks", str(db))
         assert out.returncode == 0 and "leaks: none" in out.stdout and "inventories from step 2 on" in out.stdout
 
 
@@ -252,14 +252,14 @@ def test_never_none_without_looking(tmp_path: Path) -> None:
     assert report["leaks"] == []
     assert report["leak_check"] == {"inventories": 2, "needed": 4, "verdict": "insufficient",
                                     "last_inventory_step": 3, "last_step": 3}
-    for out in (memscope("leaks", str(db)).stdout, memscope("report", str(db)).stdout):
+    for out in (cli("leaks", str(db)).stdout, cli("report", str(db)).stdout):
         assert "none" not in out and "not enough inventories to tell" in out
         assert "2 of the 4 inventories a verdict needs from step 2 on: run at least 6 steps" in out
     off = tmp_path / "off.db"
     attach(off, LEAKS / "detached_list.py", "--steps", "3", options=("--inventory-every", "0"))
     report = report_json(off)
     assert report["leaks"] == [] and report["leak_check"]["verdict"] == "insufficient"
-    assert "--inventory-every 0" in memscope("report", str(off)).stdout
+    assert "--inventory-every 0" in cli("report", str(off)).stdout
     bad = memscope("leaks", str(off))
     assert bad.returncode == 2 and "no tensor inventory" in bad.stderr and "--inventory-every 0" in bad.stderr
 
@@ -267,7 +267,7 @@ def test_never_none_without_looking(tmp_path: Path) -> None:
 def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     db = tmp_path / "run.db"
     attach(db, LEAKS / "detached_list.py", "--steps", "12", options=("--inventory-every", "2"))
-    out = memscope("leaks", str(db), "--json")
+    out = cli("leaks", str(db), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["inventoried_steps"] == [0, 2, 4, 6, 8, 10]
@@ -278,10 +278,10 @@ def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     assert top["shape"] == [32, 256] and top["count_delta"] == 10
     assert top["bytes_delta"] == 10 * 32 * 256 * 4
     assert doc["leaks"][0]["held_by"] == "__main__.features"
-    out = memscope("leaks", str(db), "--from", "4", "--to", "8", "--json")
+    out = cli("leaks", str(db), "--from", "4", "--to", "8", "--json")
     doc = json.loads(out.stdout)
     assert doc["diff"][0]["count_delta"] == 4
-    text = memscope("leaks", str(db)).stdout
+    text = cli("leaks", str(db)).stdout
     assert "LEAK" in text and "__main__.features" in text
     assert "stored at examples/leaks/detached_list.py:27" in text and "forward of 1" in text
     bad = memscope("leaks", str(db), "--from", "3")
@@ -297,7 +297,7 @@ def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
     bad = memscope("layers", str(db), "--step", "-1")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == "memscope: error: layers: --step -1: steps are numbered from 0\n"
-    same = memscope("leaks", str(db), "--from", "4", "--to", "4")  # one step against itself: honest
+    same = cli("leaks", str(db), "--from", "4", "--to", "4")  # one step against itself: honest
     assert same.returncode == 0 and "change from step 4 to step 4" in same.stdout
     bad = memscope("attach", "--headless", "--db", str(tmp_path / "x.db"), "--inventory-every", "-1",
                    str(LEAKS / "detached_list.py"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from conftest import memscope
+from conftest import cli, memscope
 
 SCRIPT = '''
 import sys
@@ -67,7 +67,7 @@ def test_max_steps_ends_the_run_cleanly_after_n_optimizer_steps(tmp_path: Path) 
     assert len(events) == 1 and "after 3 step(s)" in events[0][1]
     assert '"steps": 3' in events[0][2]
     assert _rows(db, "SELECT count(*) FROM samples")[0][0] >= 2  # the writer flushed
-    report = memscope("report", str(db))  # the report says the run was cut short on purpose
+    report = cli("report", str(db))  # the report says the run was cut short on purpose
     assert report.returncode == 0
     assert "status    finished, exit 0 · run ended on purpose after 3 step(s)" in report.stdout
 

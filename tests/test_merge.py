@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, memscope, report_json
+from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.store.schema import SCHEMA_VERSION
 from conftest import free_port
 from test_ranks import TORCHRUN
@@ -78,7 +78,7 @@ def test_two_nodes_merge_into_one_report(nodes: tuple[Path, Path], tmp_path: Pat
     assert [(r["rank"], r["steps"]) for r in rep["ranks"]] == [(0, 4), (1, 4)]
     assert rep["ranks"][1]["peak_bytes"] - rep["ranks"][0]["peak_bytes"] > 100 * MiB
     assert rep["rank_imbalance"] > 0.1
-    text = memscope("report", str(out)).stdout
+    text = cli("report", str(out)).stdout
     assert "ranks     2 processes" in text
 
 

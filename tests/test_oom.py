@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, memscope, report_json
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
 
 REQUEST = 3377699720527872
 
@@ -46,12 +46,12 @@ def test_forward_oom_example(run_db: Path) -> None:
     with sqlite3.connect(run_db) as conn:
         assert conn.execute("SELECT step FROM steps WHERE status = 'failed'").fetchall() == [(5,)]
         assert conn.execute("SELECT count(*) FROM events WHERE kind = 'oom'").fetchone()[0] == 1
-    text = memscope("oom", str(run_db))
+    text = cli("oom", str(run_db))
     assert text.returncode == 0, text.stderr
     assert "step 5, forward, in module expand (Expand)" in text.stdout
     assert "requested 3072.00 TiB" in text.stdout and "host RSS" in text.stdout
     assert "a shape bug: the request is larger than any device" in text.stdout
-    summary = memscope("report", str(run_db))
+    summary = cli("report", str(run_db))
     assert "out of memory at step 5 (forward, expand)" in summary.stdout
 
 
@@ -140,7 +140,7 @@ def test_no_oom(run_db: Path) -> None:
     out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2")
     assert out.returncode == 0, out.stderr
     assert report_json(run_db)["oom"] is None
-    text = memscope("oom", str(run_db))
+    text = cli("oom", str(run_db))
     assert text.returncode == 0 and text.stdout.strip() == "no out-of-memory in this run"
 
 
@@ -173,7 +173,7 @@ def test_sigkill_from_outside(tmp_path: Path) -> None:
     report = report_json(db)
     assert report["run"]["signal"] == 9
     assert report["oom"] is None  # a small process: not the OOM killer's doing
-    text = memscope("oom", str(db))
+    text = cli("oom", str(db))
     assert text.returncode == 0
     assert "killed by signal 9 (SIGKILL)" in text.stdout
     assert "probably not the OOM killer" in text.stdout and "host RSS" in text.stdout
@@ -192,7 +192,7 @@ def test_oom_killer_hint(tmp_path: Path) -> None:
         conn.execute("INSERT INTO samples (proc, t, step, rss) VALUES (1, 1.0, 7, 900)")
     conn.close()
     record_killed(db, 9, host_total=1000)
-    out = memscope("oom", db)
+    out = cli("oom", db)
     assert "killed by signal 9 (possibly the kernel's OOM killer)" in out.stdout
     assert "step 7" in out.stdout
     assert report_json(db)["oom"]["message"].startswith("killed by signal 9")
@@ -264,7 +264,7 @@ def test_import_snapshot_documented_format(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     oom = report_json(db)["oom"]
     assert oom["requested_bytes"] == 20 * 2 ** 20 + 512 and oom["live_bytes"] == 2 ** 30 + 2 ** 29
-    text = memscope("oom", str(db))
+    text = cli("oom", str(db))
     assert text.returncode == 0, text.stderr
     assert "requested 20.00 MiB" in text.stdout and "device free 5.00 MiB" in text.stdout
     again = memscope("import", str(path), "--db", str(db))
@@ -324,7 +324,7 @@ def test_optimizer_oom(tmp_path: Path) -> None:
     report = report_json(db)
     assert report["oom"]["step"] == 2 and report["oom"]["phase"] == "optimizer"
     assert report["run"]["steps"] == 2
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     assert "step 2, optimizer" in text and "a shape bug" in text
 
 
@@ -374,12 +374,12 @@ def test_import_built_snapshot_file(tmp_path: Path) -> None:
     assert oom["requested_bytes"] == 2 ** 30 + 2 * 2 ** 20
     assert oom["live_bytes"] == 2 ** 30 + 512 * 2 ** 20 + 512  # active blocks of both segments
     assert oom["step"] is None and oom["phase"] == "other"
-    text = memscope("oom", str(db))
+    text = cli("oom", str(db))
     assert text.returncode == 0, text.stderr
     assert "tried to allocate 1.00 GiB" in text.stdout
     assert "requested 1.00 GiB with 1.50 GiB allocated on cuda:0" in text.stdout
     assert "device free 300.00 MiB" in text.stdout
-    doc = json.loads(memscope("oom", str(db), "--json").stdout)
+    doc = json.loads(cli("oom", str(db), "--json").stdout)
     details = doc["details"]
     assert details["site"] == "/home/user/train.py:44 (train_step)"  # first frame outside torch
     assert details["reserved_bytes"] == 2 * 2 ** 30 + 2 * 2 ** 20

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from conftest import SCRIPTS, memscope, report_json
+from conftest import SCRIPTS, cli, memscope, report_json
 
 # A training loop that fails at step FAIL_STEP in MODE (forward: module ``boom``; backward: a
 # custom Function's backward; optimizer: its step) and writes its own count of what is live.
@@ -218,14 +218,14 @@ def test_breakdown_at_failure_matches_an_independent_count(tmp_path: Path, mode:
     assert report["peak"]["step"] == 2
     if mode != "forward":
         return  # the text, oom and HTML renderings do not depend on the phase: checked once
-    text = memscope("report", str(db)).stdout
+    text = cli("report", str(db)).stdout
     assert "(the step that ran out of memory)" in text and "outside the steps" not in text
     assert "at the OOM in step 2" in text
-    shown = memscope("oom", str(db)).stdout
+    shown = cli("oom", str(db)).stdout
     assert "breakdown at the failure (step 2): parameters" in shown
     assert "for comparison, profiled step 1:" in shown
     html = tmp_path / "report.html"
-    assert memscope("report", str(db), "--html", str(html)).returncode == 0
+    assert cli("report", str(db), "--html", str(html)).returncode == 0
     page = html.read_text()
     assert "At the peak <small>(at the OOM in step 2" in page
     assert "<th>live at the failure (step 2)</th>" in page
@@ -244,7 +244,7 @@ def test_caught_forward_oom_in_step_0_by_module(tmp_path: Path) -> None:
     assert by_module["body.0"]["type"] == "Linear" and by_module["body.1"]["type"] == "GELU"
     assert sum(m["bytes"] for m in d["activations_by_module"]) == d["breakdown"]["activations"]
     assert report_json(db)["run"]["exit_code"] == 0
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     assert "by module activations live at the failure, by the module that saved them" in text
     assert "seen by a forward hook, as it unwound" in text
 
@@ -370,7 +370,7 @@ def test_doubling_batch_under_a_memory_limit(tmp_path: Path) -> None:
     assert e["requested_exact"] and 0 < e["requested_bytes"] < LIMIT
     assert e["breakdown_at_failure"] and e["activations_by_module"]  # armed: the calls were logged
     assert e["breakdown"]["activations"] > 100 * 2 ** 20
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     assert "by module activations live at the failure" in text
 
 

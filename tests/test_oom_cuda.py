@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, memscope, report_json
+from conftest import cli, memscope, report_json
 from memscope.agent.collectors import cuda
 from memscope.agent.runtime.config import AgentOptions
 from memscope.units import human_bytes
@@ -217,8 +217,8 @@ def assert_text_shows(details: dict[str, Any], text: str) -> None:
 
 def test_memscope_oom_shows_the_allocator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     db = write_run(tmp_path, record_built_oom(monkeypatch))
-    text = memscope("oom", str(db)).stdout
-    doc = json.loads(memscope("oom", str(db), "--json").stdout)
+    text = cli("oom", str(db)).stdout
+    doc = json.loads(cli("oom", str(db), "--json").stdout)
     assert_text_shows(doc["details"], text)
     assert "allocated 58.38 GiB · reserved 60.00 GiB" in text
     assert "free in the cache 1.62 GiB · largest free block 640.00 MiB · inactive split blocks 1.62 GiB" in text
@@ -239,8 +239,8 @@ def test_memscope_oom_shows_the_allocator(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_no_allocator_advice_when_expandable_segments_are_on(monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
     db = write_run(tmp_path, record_built_oom(monkeypatch, conf="expandable_segments:True"))
-    text = memscope("oom", str(db)).stdout
-    doc = json.loads(memscope("oom", str(db), "--json").stdout)
+    text = cli("oom", str(db)).stdout
+    doc = json.loads(cli("oom", str(db), "--json").stdout)
     assert doc["details"]["expandable_segments"] is True
     assert "expandable_segments on (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)" in text
     assert "allocator_config" not in {t["technique"] for t in doc["suggestions"]}
@@ -250,8 +250,8 @@ def test_no_allocator_advice_when_expandable_segments_are_on(monkeypatch: pytest
 def test_imported_snapshot_text_shows_everything(tmp_path: Path) -> None:
     db = tmp_path / "snap.db"
     assert memscope("import", str(DATA / "cuda_snapshot_built.pickle"), "--db", str(db)).returncode == 0
-    text = memscope("oom", str(db)).stdout
-    details = json.loads(memscope("oom", str(db), "--json").stdout)["details"]
+    text = cli("oom", str(db)).stdout
+    details = json.loads(cli("oom", str(db), "--json").stdout)["details"]
     assert_text_shows(details, text)
     # issue #14: the split blocks and the largest free block were in --json only
     assert "largest free block 512.00 MiB · inactive split blocks 514.00 MiB" in text
@@ -282,7 +282,7 @@ def test_real_cuda_oom_records_the_allocator(tmp_path: Path) -> None:
     db = tmp_path / "grow.db"
     out = memscope("attach", "--headless", "--simulate-gpu", "2GiB", "--db", str(db), str(script), timeout=300)
     assert out.returncode == 1 and "OutOfMemoryError" in out.stderr
-    doc = json.loads(memscope("oom", str(db), "--json").stdout)
+    doc = json.loads(cli("oom", str(db), "--json").stdout)
     d = doc["details"]
     assert d["device"].startswith("cuda") and d["requested_exact"] is True
     for key in ("allocated_bytes", "reserved_bytes", "inactive_split_bytes", "cached_free_bytes",
@@ -294,7 +294,7 @@ def test_real_cuda_oom_records_the_allocator(tmp_path: Path) -> None:
     assert bd["parameters"] > 0 and bd["optimizer_state"] > 0  # Adam's state lives on the GPU
     # the census counts CUDA tensors: within the allocator's allocated bytes (rounding, caches)
     assert sum(bd.values()) <= d["allocated_bytes"] + MiB
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     assert_text_shows(d, text)
     report = report_json(db)
     assert report["peak"]["step"] == d["step"]  # the failing step's CUDA peak is in-step
@@ -342,8 +342,8 @@ def test_real_snapshot_imports(tmp_path: Path) -> None:
     db = tmp_path / "real.db"
     out = memscope("import", str(real_capture(REAL_SNAPSHOT)), "--db", str(db))
     assert out.returncode == 0, out.stderr
-    text = memscope("oom", str(db)).stdout
-    details = json.loads(memscope("oom", str(db), "--json").stdout)
+    text = cli("oom", str(db)).stdout
+    details = json.loads(cli("oom", str(db), "--json").stdout)
     if details is not None:
         assert_text_shows(details["details"], text)
 
@@ -351,16 +351,14 @@ def test_real_snapshot_imports(tmp_path: Path) -> None:
 def test_real_oom_record_renders(tmp_path: Path) -> None:
     doc = json.loads(real_capture(REAL_RECORD).read_text())
     db = write_run(tmp_path, doc["details"], "real.db")
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     assert_text_shows(doc["details"], text)
 
 
-def test_cpu_oom_text_shows_everything(tmp_path: Path) -> None:
+def test_cpu_oom_text_shows_everything(oom_example_run: Path) -> None:
     """examples/oom.py on CPU: no allocator fields, and the text still says all the JSON says."""
-    db = tmp_path / "cpu.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "oom.py"), "--fail-step", "1")
-    assert out.returncode == 1
-    d = json.loads(memscope("oom", str(db), "--json").stdout)["details"]
+    db = oom_example_run  # the session's run of it (tests/conftest.py), failing at step 3
+    d = json.loads(cli("oom", str(db), "--json").stdout)["details"]
     assert d["device"] == "cpu" and "allocated_bytes" not in d
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     assert_text_shows(d, text)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import memscope
+from conftest import cli
 from memscope.analysis.oom_limits import failed_limit, profile_hint
 
 ATTENTION = '''
@@ -82,15 +82,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 @pytest.mark.slow
 def test_the_failed_limit_is_named_with_its_value(run: tuple[Path, int]) -> None:
     db, limit = run
-    oom = json.loads(memscope("report", "--json", str(db)).stdout)["oom"]
+    oom = json.loads(cli("report", "--json", str(db)).stdout)["oom"]
     assert oom["step"] == 0 and oom["phase"] == "forward" and ".heads." in oom["module"]
     assert oom["limit"]["kind"] == "RLIMIT_AS" and oom["limit"]["bytes"] == limit
     assert oom["limit"]["used_bytes"] > limit // 2
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     gib = f"{limit / 2 ** 30:.2f} GiB"
     assert f"limit     RLIMIT_AS (ulimit -v, counted against virtual size): {gib}" in text
     assert "% of the machine's" not in text  # the machine's memory is not what failed
-    report = memscope("report", str(db)).stdout
+    report = cli("report", str(db)).stdout
     assert f"over RLIMIT_AS (ulimit -v, counted against virtual size): {gib}" in report
 
 
@@ -98,18 +98,18 @@ def test_the_failed_limit_is_named_with_its_value(run: tuple[Path, int]) -> None
 def test_the_advice_covers_attention_scores_and_the_step_0_profile(run: tuple[Path, int],
                                                                    tmp_path: Path) -> None:
     db, _ = run
-    text = memscope("oom", str(db)).stdout
+    text = cli("oom", str(db)).stdout
     change = text[text.index("change"):]
     assert "attention scores" in change and "scaled_dot_product_attention" in change
     share = int(change.split("attention scores")[1].split("(")[1].split("%")[0])
     assert share >= 50  # softmax, dropout (output and mask) and scores @ v of each head
-    report = json.loads(memscope("report", "--json", str(db)).stdout)
+    report = json.loads(cli("report", "--json", str(db)).stdout)
     attention = [x for x in report["suggestions"] if x["technique"] == "efficient_attention"]
     assert attention and attention[0]["estimated_saving_bytes"] >= report["oom"]["breakdown"]["activations"] // 2
-    layers = memscope("layers", str(db))
+    layers = cli("layers", str(db))
     assert layers.returncode == 2 and "--layers-first 0" in layers.stderr
     html = tmp_path / "r.html"
-    assert memscope("report", str(db), "--html", str(html)).returncode == 0
+    assert cli("report", str(db), "--html", str(html)).returncode == 0
     assert "attach with --layers-first 0 to profile step 0" in html.read_text()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, free_port, memscope, report_json
+from conftest import EXAMPLES, SCRIPTS, cli, free_port, memscope, report_json
 from memscope.analysis.ranks import RankSummary, imbalance, rank_summaries
 from memscope.store.reader import RunReader
 
@@ -61,7 +61,7 @@ def test_two_ranks_recorded_and_the_heavy_one_shows(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         peaks = dict(conn.execute("SELECT proc, max(peak_rss) FROM steps GROUP BY proc").fetchall())
     assert {r.proc: r.peak_bytes for r in rs} == peaks
-    text = memscope("report", str(db))
+    text = cli("report", str(db))
     assert text.returncode == 0, text.stderr
     assert "ranks     2 processes" in text.stdout and "imbalance" in text.stdout
     table = [ln.split() for ln in text.stdout.splitlines() if ln.startswith("     ")]
@@ -76,9 +76,9 @@ def test_the_rank_that_ran_out_of_memory_is_named(tmp_path: Path) -> None:
     assert rep["oom"] is not None and rep["oom"]["rank"] == 1 and rep["oom"]["step"] == 2
     assert [(r["rank"], r["oom"]) for r in rep["ranks"]] == [(0, False), (1, True)]
     assert rep["ranks"][1]["steps"] == 2
-    text = memscope("report", str(db)).stdout
+    text = cli("report", str(db)).stdout
     assert "out of memory on rank 1 at step 2" in text
-    post = memscope("oom", str(db)).stdout
+    post = cli("oom", str(db)).stdout
     assert "where     rank 1, step 2, " in post, post
     assert any(ln.split()[0] == "1" and ln.rstrip().endswith("OOM") for ln in text.splitlines()
                if ln.startswith("     "))
@@ -93,4 +93,4 @@ def test_single_process_run_has_one_rank_and_no_table(tmp_path: Path) -> None:
     assert len(rep["ranks"]) == 1 and rep["ranks"][0]["rank"] is None
     assert rep["ranks"][0]["steps"] == rep["run"]["steps"] == 3
     assert rep["rank_imbalance"] is None
-    assert "ranks " not in memscope("report", str(db)).stdout
+    assert "ranks " not in cli("report", str(db)).stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import memscope
+from conftest import cli, memscope
 
 SCRIPT = """
 import torch
@@ -27,14 +27,14 @@ def test_report_names_the_techniques_applied(tmp_path: Path) -> None:
     out = memscope("attach", "--headless", "--try", "lighter_optimizer", "--db", str(db), str(script))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("SGD")  # the technique really ran (AdamAsSGD)
-    text = memscope("report", str(db))
+    text = cli("report", str(db))
     assert text.returncode == 0, text.stderr
     line = next(ln for ln in text.stdout.splitlines() if ln.startswith("applied"))
     assert "lighter_optimizer" in line and "--try" in line
-    doc = json.loads(memscope("report", str(db), "--json").stdout)
+    doc = json.loads(cli("report", str(db), "--json").stdout)
     assert doc["run"]["techniques"] == [{"technique": "lighter_optimizer", "applied": True}]
 
     plain = tmp_path / "plain.db"
     assert memscope("attach", "--headless", "--db", str(plain), str(script)).returncode == 0
-    assert json.loads(memscope("report", str(plain), "--json").stdout)["run"]["techniques"] == []
-    assert "applied" not in memscope("report", str(plain)).stdout
+    assert json.loads(cli("report", str(plain), "--json").stdout)["run"]["techniques"] == []
+    assert "applied" not in cli("report", str(plain)).stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, memscope, report_json
+from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.units import human_bytes
 
 
@@ -38,7 +38,7 @@ def test_breakdown_line_names_its_step(tmp_path: Path, every: str | None) -> Non
     peak_step = report_json(db)["peak"]["step"]
     measured = breakdown_steps(db)
     assert measured
-    text = memscope("report", str(db)).stdout
+    text = cli("report", str(db)).stdout
     bd = line(text, "breakdown ")
     if peak_step is None:  # host RSS can peak outside every step (start-up, shutdown) on a busy machine
         assert bd.endswith(f" (measured at profiled step {measured[-1]})"), bd
@@ -66,7 +66,7 @@ def test_pending_wal_note_in_human_units(tmp_path: Path) -> None:
         conn.commit()
         size = (tmp_path / "run.db-wal").stat().st_size
         assert size > 1024
-        text = memscope("report", str(db)).stdout
+        text = cli("report", str(db)).stdout
     finally:
         conn.close()
     note = line(text, "recording ")

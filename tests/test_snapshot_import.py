@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import memscope, report_json
+from conftest import cli, memscope, report_json
 from memscope.store.schema import RunFileError
 from memscope.store.snapshot import import_snapshot
 
@@ -280,7 +280,7 @@ def test_three_million_segments(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "3000000 segment(s) on 1 device(s), 1 out-of-memory event(s)" in out.stderr
     assert db.stat().st_size <= 3 * path.stat().st_size
-    details = json.loads(memscope("oom", str(db), "--json").stdout)["details"]
+    details = json.loads(cli("oom", str(db), "--json").stdout)["details"]
     assert details["segments"] == 3_000_000 and details["reserved_bytes"] == 3_000_000 * 2 * 2 ** 20
     assert details["allocated_bytes"] == 3_000_000 * 512
     assert details["inactive_split_bytes"] == 3_000_000 * (2 * 2 ** 20 - 512)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, memscope, report_json, torchrun
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json, torchrun
 from memscope.analysis.suggestions import Suggestion, checkpoint_plan, gather, suggest
 from memscope.analysis.suggestions.facts import _working_set
 from memscope.analysis.suggestions.gradient_accumulation import batch_scaled
@@ -132,9 +132,9 @@ def test_lbfgs_closure_is_not_gradient_accumulation(runs: Any) -> None:
     assert "already accumulates" not in got["gradient_accumulation"].how
     assert "history_size=10" in got["lighter_optimizer"].how
     assert got["lighter_optimizer"].estimated_saving_bytes == bd["optimizer_state"] - 22 * bd["parameters"]
-    text = memscope("layers", str(db)).stdout
+    text = cli("layers", str(db)).stdout
     assert f"{n} evaluations of the optimizer's closure" in text.splitlines()[0]
-    assert "per micro-batch" not in memscope("report", str(db)).stdout
+    assert "per micro-batch" not in cli("report", str(db)).stdout
 
 
 def test_lbfgs_history_growing_all_run_is_not_a_leak(runs: Any) -> None:
@@ -144,7 +144,7 @@ def test_lbfgs_history_growing_all_run_is_not_a_leak(runs: Any) -> None:
               "--steps", "12", options=())
     report = report_json(db)
     assert report["leaks"] == [] and report["leak_check"]["verdict"] == "ok"
-    out = memscope("leaks", str(db), "--json")
+    out = cli("leaks", str(db), "--json")
     grew = [g for g in json.loads(out.stdout)["diff"] if g["bytes_delta"] > 0]
     assert grew and all(g["category"] == "optimizer_state" for g in grew), grew
 
@@ -266,7 +266,7 @@ def test_report_json_text_and_oom_carry_suggestions(runs: Any, tmp_path: Path) -
     assert [x["estimated_saving_bytes"] for x in items] == sorted(
         (x["estimated_saving_bytes"] for x in items), reverse=True)
     assert all(isinstance(x["estimated_saving_bytes"], int) and x["technique"] in ALL for x in items)
-    text = memscope("report", str(db))
+    text = cli("report", str(db))
     assert text.returncode == 0
     assert "suggestions ranked by estimated saving" in text.stdout
     assert items[0]["technique"] in text.stdout
@@ -275,19 +275,15 @@ def test_report_json_text_and_oom_carry_suggestions(runs: Any, tmp_path: Path) -
     out = memscope("attach", "--headless", "--db", str(oom), "--layers-every", "1",
                    str(SCENARIOS / "mlp.py"), "--oom-at-step", "3", timeout=240)
     assert out.returncode == 1 and "can't allocate memory" in out.stderr
-    shown = memscope("oom", str(oom))
+    shown = cli("oom", str(oom))
     assert shown.returncode == 0, shown.stderr
-    tips = json.loads(memscope("oom", str(oom), "--json").stdout)["suggestions"]
+    tips = json.loads(cli("oom", str(oom), "--json").stdout)["suggestions"]
     assert 0 < len(tips) <= 3 and tips[0]["technique"] in shown.stdout
     assert "gradient_accumulation" in {t["technique"] for t in tips}
 
 
-def test_shape_bug_oom_gets_no_technique(tmp_path: Path) -> None:
-    db = tmp_path / "shape.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "oom.py"),
-                   "--fail-step", "3", timeout=240)
-    assert out.returncode != 0
-    doc = json.loads(memscope("oom", str(db), "--json").stdout)
+def test_shape_bug_oom_gets_no_technique(oom_example_run: Path) -> None:
+    doc = json.loads(cli("oom", str(oom_example_run), "--json").stdout)  # examples/oom.py, failed
     assert doc["suggestions"] == []  # no memory technique fixes a wrong shape
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from memscope.analysis.timeline import main_process, memory_timeline, recent_steps
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run
+from shared_runs import shared_attach
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 8
@@ -20,10 +19,9 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("timeline") / "run.db"
-    out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
-                          "examples/tiny_gpt.py", "--steps", str(STEPS)],
-                         cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+    """The dashboard tests' run of examples/tiny_gpt.py (made once per session: tests/shared_runs.py)."""
+    db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", str(STEPS)])
+    assert out.returncode == 0, out.stderr
     # fail here, with the agent's words, if the run recorded nothing to draw
     assert _sql(db, "SELECT count(*) FROM samples")[0][0] > 0, out.stderr
     return db

@@ -30,6 +30,9 @@ memscope = _top.memscope
 report_json = _top.report_json
 free_port = _top.free_port
 torchrun = _top.torchrun
+shared_attach = _top.shared_attach
+cli = _top.cli
+graph_malloc = _top.graph_malloc
 
 
 def _attach(db: Path, *command: str, ok: bool = True) -> None:
@@ -37,21 +40,33 @@ def _attach(db: Path, *command: str, ok: bool = True) -> None:
     out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
                           *command], cwd=ROOT, env=env, check=ok, capture_output=True, text=True,
                          timeout=300)
-    # fail here, with the agent's words, if the run recorded nothing to show
+    _recorded(db, out.stderr)
+
+
+def _recorded(db: Path, stderr: str) -> None:
+    """Fail here, with the agent's words, if the run recorded nothing to show."""
     conn = sqlite3.connect(db)
     try:
         samples = conn.execute("SELECT count(*) FROM samples").fetchone()[0]
     finally:
         conn.close()
-    assert samples > 0, out.stderr
+    assert samples > 0, stderr
+
+
+def _shared(tmp_path_factory: pytest.TempPathFactory, *command: str, ok: bool = True) -> Path:
+    """A run made once per session for both xdist workers (tests/shared_runs.py); ``command`` is
+    attach's options, then the script (or ``--`` and a command) with its arguments."""
+    split = next(i for i, arg in enumerate(command) if arg.endswith(".py") or arg == "--")
+    db, out = shared_attach(tmp_path_factory, command[:split], command[split:])
+    assert out.returncode == 0 or not ok, out.stderr
+    _recorded(db, out.stderr)
+    return db
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run of examples/tiny_gpt.py (8 steps), shared by the dashboard tests."""
-    db = tmp_path_factory.mktemp("tui") / "run.db"
-    _attach(db, "examples/tiny_gpt.py", "--steps", "8")
-    return db
+    return _shared(tmp_path_factory, "examples/tiny_gpt.py", "--steps", "8")
 
 
 @pytest.fixture(scope="session")
@@ -67,50 +82,40 @@ def tiny_report(tiny_run: Path) -> dict[str, Any]:
 def leaky_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """examples/leaky.py (keeps every step's loss tensor): inventories every 2 steps, layers
     profiled at steps 1, 5, 9, 13."""
-    db = tmp_path_factory.mktemp("tui") / "leaky.db"
-    _attach(db, "--inventory-every", "2", "--layers-every", "4", "examples/leaky.py", "--steps", "16")
-    return db
+    return _shared(tmp_path_factory, "--inventory-every", "2", "--layers-every", "4", "examples/leaky.py",
+                   "--steps", "16")
 
 
 @pytest.fixture(scope="session")
-def oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/oom.py: a real allocator failure in the ``expand`` module at step 3."""
-    db = tmp_path_factory.mktemp("tui") / "oom.db"
-    _attach(db, "examples/oom.py", "--fail-step", "3", ok=False)
-    return db
+def oom_run(oom_example_run: Path) -> Path:
+    """examples/oom.py: a real allocator failure in the ``expand`` module at step 3 (the run the
+    export tests read: tests/conftest.py)."""
+    return oom_example_run
 
 
 @pytest.fixture(scope="session")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two ranks under torchrun (gloo on CPU); rank 1 holds an extra 64 MiB from its first step."""
-    db = tmp_path_factory.mktemp("tui") / "ddp.db"
-    _attach(db, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "3",
-            "--heavy-rank", "1", "--heavy-mb", "64")
-    return db
+    return _shared(tmp_path_factory, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "3",
+                   "--heavy-rank", "1", "--heavy-mb", "64")
 
 
 @pytest.fixture(scope="session")
 def ddp_oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two ranks under torchrun; rank 1 runs out of memory at step 2 (a real allocator failure)."""
-    db = tmp_path_factory.mktemp("tui") / "ddp-oom.db"
-    _attach(db, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "5",
-            "--oom-rank", "1", "--oom-step", "2", ok=False)
-    return db
+    return _shared(tmp_path_factory, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "5",
+                   "--oom-rank", "1", "--oom-step", "2", ok=False)
 
 
 @pytest.fixture(scope="session")
 def peft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/scripts/peft_names.py --leak: a LoRA GPT with peft-length module names
     (``base_model.model.transformer.h.0.attn.c_attn.lora_A.default``) that keeps every loss."""
-    db = tmp_path_factory.mktemp("tui") / "peft.db"
-    _attach(db, "--inventory-every", "2", "--layers-every", "2", "tests/scripts/peft_names.py",
-            "--steps", "10", "--leak")
-    return db
+    return _shared(tmp_path_factory, "--inventory-every", "2", "--layers-every", "2",
+                   "tests/scripts/peft_names.py", "--steps", "10", "--leak")
 
 
 @pytest.fixture(scope="session")
 def peft_oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same model running out of memory at step 4 in a long-named LoRA layer."""
-    db = tmp_path_factory.mktemp("tui") / "peft-oom.db"
-    _attach(db, "tests/scripts/peft_names.py", "--steps", "10", "--oom-step", "4", ok=False)
-    return db
+    return _shared(tmp_path_factory, "tests/scripts/peft_names.py", "--steps", "10", "--oom-step", "4", ok=False)
