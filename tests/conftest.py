@@ -114,6 +114,21 @@ def run_db(tmp_path: Path) -> Path:
     return tmp_path / "run.db"
 
 
+def forget_compiles() -> None:
+    """Make this process look as if Dynamo never compiled in it (the agent's in-process
+    collectors that stand aside once a compile happened are tested after other files, on the
+    same xdist worker, compiled in process)."""
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo import reset
+        from torch._dynamo.utils import counters
+
+        reset()
+        counters.clear()
+        import gc
+
+        gc.collect()  # compiled modules of earlier tests
+
+
 def graph_malloc() -> dict[str, float]:
     """tests/scripts/graph_malloc.py's independent measure of total_loss.py's leak a step."""
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "graph_malloc.py")],

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from conftest import ROOT, SCRIPTS, memscope
+from conftest import ROOT, SCRIPTS, forget_compiles, memscope
 from memscope.agent.collectors.peak_step import PeakStep, peak_step
 from memscope.agent.runtime.config import AgentOptions
 from memscope.analysis.suggestions import suggest
@@ -31,6 +31,13 @@ from memscope.runners.script_estimate import run_recorded
 from memscope.store.reader import RunReader
 
 SCRIPT = SCRIPTS / "peak_step_train.py"
+
+
+@pytest.fixture(autouse=True)
+def _no_compile_before() -> None:
+    """The one-step peak stands aside once Dynamo compiled in the process: a compile by an
+    earlier test file on this xdist worker is forgotten first."""
+    forget_compiles()
 
 
 def _events(db: Path, kind: str) -> list[dict[str, Any]]:
@@ -192,12 +199,8 @@ def test_not_measured_under_torch_compile_nor_on_cuda() -> None:
         (kind, _, data), = host.events
         assert kind == "tensor_peak_skipped" and "torch.compile" in data["why"]
     finally:  # this process's later tests (the worker's next files) see no compile
-        from torch._dynamo import reset
-        from torch._dynamo.utils import counters
-
         del compiled
-        reset()
-        counters.clear()
+        forget_compiles()
 
 
 def test_on_cuda_the_allocator_peak_less_the_workspaces(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import memscope, report_json
+from conftest import forget_compiles, memscope, report_json
 from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
@@ -50,13 +50,7 @@ GPT = _tiny_gpt_module()
 def _no_compile_before() -> None:
     """The in-process profiles are not taken once Dynamo compiled in the process: a compile by
     an earlier test file on this xdist worker is forgotten first."""
-    if "torch._dynamo" in sys.modules:
-        from torch._dynamo import reset
-        from torch._dynamo.utils import counters
-
-        reset()
-        counters.clear()
-        gc.collect()  # compiled modules of earlier tests
+    forget_compiles()
 
 
 def _model(checkpoint: bool = False) -> Any:
