@@ -57,6 +57,7 @@ from torch.overrides import TorchFunctionMode
 from memscope.agent.torchcompat.compiled import CompileWatch, compile_used, is_compiling, runtime_only, shield
 from memscope.agent.torchcompat.module_names import module_path
 from memscope.agent.torchcompat.unseen import unseen
+from memscope.agent.torchcompat.handles import remove_quietly
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -256,11 +257,7 @@ class SiteCapture:
 
     def _stop_capture(self) -> None:
         self.capturing = False
-        for h in self._hooks:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        remove_quietly(self._hooks)
         self._hooks = []
         self._stack = []
         mode, self._mode = self._mode, None

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from memscope.agent.torchcompat.compiled import CompileWatch, compiled_modules_alive, runtime_only, shield
 from memscope.agent.collectors.oom_census import CallLog
+from memscope.agent.torchcompat.handles import remove_quietly
 
 ARM_SHARE = 0.25  # a step that peaked above this share of the memory limit arms the next one
 
@@ -90,11 +91,7 @@ class ArmedHooks:
         self._watch.remove()
 
     def _remove_hooks(self) -> None:
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        remove_quietly(self._handles)
         self._handles.clear()
 
     def new_step(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from memscope.agent.torchcompat.compiled import compile_used, is_compiling, runtime_only, shield
+from memscope.agent.torchcompat.handles import remove_quietly
 
 TRIES = 3  # steps armed at most before giving up on a block that never ran in a profiled way
 
@@ -138,11 +139,7 @@ class OnceProfile:
         self.armed_for = None
 
     def _remove(self) -> None:
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        remove_quietly(self._handles)
         self._handles = []
         self._block = None
 

@@ -24,6 +24,7 @@ from memscope.agent.collectors.layers.stats import ModuleStats
 from memscope.agent.collectors.layers.tensors import grad_fns
 from memscope.agent.torchcompat.compiled import runtime_only
 from memscope.agent.torchcompat.unseen import unseen
+from memscope.agent.torchcompat.handles import remove_quietly
 
 MAX_BACKWARD_HOOKS = 100_000  # node hooks per profiled step; calls beyond it are not timed
 
@@ -46,11 +47,7 @@ class BackwardTimer:
 
     def remove(self) -> None:
         """Remove the node hooks (on graph nodes: a graph kept past the step loses them)."""
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        remove_quietly(self._handles)
         self._handles = []
         self._nodes = {}
 

@@ -26,6 +26,7 @@ from memscope.agent.torchcompat.compiled import (
     runtime_only,
     shield,
 )
+from memscope.agent.torchcompat.handles import remove_quietly
 
 PreHook = Callable[[Any, Any], None]
 PostHook = Callable[[Any, Any, Any], None]
@@ -66,11 +67,7 @@ class ModuleHooks:
     def remove(self) -> None:
         self._watch.remove()
         self._remove_global()
-        for h in self._handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        remove_quietly(self._handles)
         self._handles.clear()
         self._hooked = set()
 
@@ -78,11 +75,7 @@ class ModuleHooks:
         return [*self._global, *self._handles]
 
     def _remove_global(self) -> None:
-        for h in self._global:
-            try:
-                h.remove()
-            except Exception:
-                pass
+        remove_quietly(self._global)
         self._global = []
 
     def _hook_each(self, tops: list[Any]) -> None:
