@@ -57,7 +57,7 @@ class TurnThread:
         """Give ``job`` its next turn now (the writer told to close, say)."""
         with self._lock:
             for entry in self._entries:
-                if entry.job is job:
+                if entry.job == job:  # a bound method is a new object each time it is read: equal, not identical
                     entry.due = time.monotonic()
                     entry.hurried = True
         self._wake.set()

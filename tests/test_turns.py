@@ -71,6 +71,29 @@ def test_a_hurried_job_runs_now_and_only_this_thread_is_on_thread() -> None:
     assert not thread.is_alive()
 
 
+def test_a_hurried_bound_method_runs_now() -> None:
+    """The writer hurries its own turn, a bound method: read twice, it is two objects (equal,
+    not identical). Matched by identity, the close waited for the writer's next turn (175 ms at
+    every process exit)."""
+
+    class Job:
+        def __init__(self) -> None:
+            self.ran = threading.Event()
+
+        def turn(self) -> float | None:
+            self.ran.set()
+            return None
+
+    job = Job()
+    thread = TurnThread("memscope-test")
+    thread.add(job.turn, first_in=3600.0)
+    thread.start()
+    thread.hurry(job.turn)
+    assert job.ran.wait(5)
+    thread.join(30)
+    assert not thread.is_alive()
+
+
 def test_the_writer_waits_out_a_lock_in_short_turns(tmp_path: Path) -> None:
     """A lock of 1.5 s, well inside the busy window (10 s): the job beside the writer keeps
     running meanwhile, the rows queued behind the lock reach the file after it, nothing is
