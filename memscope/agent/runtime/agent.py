@@ -39,6 +39,7 @@ from memscope.agent.collectors.oom import OomRecorder, is_oom
 from memscope.agent.collectors.oom_hooks import alloc_conf
 from memscope.agent.collectors.sampler import RssReader, Sampler, StepPeak, rss_high_water_mark
 from memscope.agent.collectors.steps import StepTracker
+from memscope.agent.runtime import interrupts
 from memscope.agent.runtime.watchdog import SupervisorWatch
 from memscope.store.runs import finish_run, register_process
 from memscope.store.schema import RunFileError
@@ -142,6 +143,7 @@ class Agent:
             from memscope.agent.whatif.techniques import Controller
             self._whatif = Controller(self)
             self._guard_call("techniques", self._whatif.install)
+        self._guard_call("interrupts", lambda: interrupts.install(self._on_thread_soon))  # ^C goes on
         self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
         if block_profile_wanted(self.options):
             from memscope.agent.whatif.sac_once import OnceProfile
@@ -156,6 +158,13 @@ class Agent:
         self._turns.add(self._sampler, self._sampler.interval)
         self._turns.start()
         self._layers_next(0)
+
+    def _on_thread_soon(self, call: Any) -> bool:
+        """Run ``call`` once on memscope's thread, now; False when that thread is not running."""
+        if not self._turns.is_alive():
+            return False
+        self._turns.add(lambda: call() and None)
+        return True
 
     def _supervisor_gone(self, pid: int) -> None:
         """``memscope attach`` died without ending the run (SIGKILL): say so, flush, and end
