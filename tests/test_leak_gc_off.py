@@ -16,7 +16,9 @@ from memscope.analysis.leaks import LeakCheck
 @pytest.mark.parametrize("mode,words", [("disable", "gc.disable()"), ("freeze", "gc.freeze()")])
 def test_gc_off_is_seen_and_said(tmp_path: Path, mode: str, words: str) -> None:
     db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "gc_off_leak.py"), mode, "60")
+    # 120 steps: with the collector off each inventory walks more, and on a loaded machine the 1%
+    # budget spaced 60 steps' inventories too far apart to show a trend (failed twice in full runs)
+    out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "gc_off_leak.py"), mode, "120")
     assert out.returncode == 0, out.stderr
     report = report_json(db)
     (lk,) = report["leaks"]
@@ -25,7 +27,7 @@ def test_gc_off_is_seen_and_said(tmp_path: Path, mode: str, words: str) -> None:
     leaks_text = cli("leaks", str(db)).stdout
     behind = check["last_step"] - check["last_inventory_step"]
     if behind > 16:  # the budget spaced them out: the reason is given, with what to do
-        assert f"the last tensor inventory was at step {check['last_inventory_step']} of 59" in leaks_text
+        assert f"the last tensor inventory was at step {check['last_inventory_step']} of 119" in leaks_text
         assert words in leaks_text and "--inventory-every N" in leaks_text
     else:
         assert "the last tensor inventory was at step" not in leaks_text
