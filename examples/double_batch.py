@@ -2,6 +2,9 @@
 import torch
 import torch.nn as nn
 
+# One compute thread: each extra thread reserves its own stack and malloc arena (about 72 MiB of
+# address space), so under `ulimit -v` the failing step would depend on the machine's core count.
+torch.set_num_threads(1)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
