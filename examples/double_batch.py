@@ -6,11 +6,11 @@ import torch.nn as nn
 # address space), so under `ulimit -v` the failing step would depend on the machine's core count.
 torch.set_num_threads(1)
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 10))
+model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-batch = 256
+batch = 1024
 for step in range(30):
-    x = torch.randn(batch, 256)
+    x = torch.randn(batch, 32)
     y = torch.randint(0, 10, (batch,))
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()

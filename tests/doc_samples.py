@@ -56,7 +56,7 @@ GROUPS: dict[str, list[str]] = {
     "accumulate": ["python -c 'import sys; sys.path.insert(0, \"tests\"); "
                    "from test_layers_accumulation import SCRIPT; open(\"accumulate.py\", \"w\").write(SCRIPT)'",
                    "memscope attach --headless --db acc.db accumulate.py 16,64,32,8"],
-    "oom": ["(ulimit -v 2900000; memscope attach --headless --db repro.db examples/double_batch.py) || true"],
+    "oom": ["(ulimit -v 2800000; memscope attach --headless --db repro.db examples/double_batch.py) || true"],
     "diff": ["memscope attach --headless --db plain.db examples/tiny_gpt.py --steps 8 --batch 16 --seq 128 --layers 4",
              "memscope attach --headless --db ckpt.db examples/tiny_gpt.py --steps 8 --batch 16 --seq 128 --layers 4 "
              "--checkpoint"],
