@@ -34,6 +34,30 @@ def test_growth_nothing_explains(tmp_path: Path) -> None:
     text = cli("leaks", str(db)).stdout
     assert "GROWTH host RSS" in text and "no tensor group explains" in text
     assert "growth    host RSS" in cli("report", str(db)).stdout
+    _a_few_jumps_are_not_growth(db, tmp_path)
+
+
+def _a_few_jumps_are_not_growth(db: Path, tmp_path: Path) -> None:
+    """The same run file with its boundary levels made a staircase: four 1.5 MiB jumps, one in
+    each quarter (what a healthy 30-step run's heap did under load: 5.6 MiB in six jumps). The
+    envelope rises steadily by the quarters, but three jumps are most of it: no verdict."""
+    import shutil
+    import sqlite3
+
+    from memscope.analysis.unexplained import steady_growth_of, unexplained_growth
+    from memscope.store.reader import RunReader
+
+    stairs = tmp_path / "stairs.db"
+    shutil.copy(db, stairs)
+    base = 300 << 20
+    with sqlite3.connect(stairs) as conn:
+        for step in range(20):
+            conn.execute("UPDATE steps SET end_rss = ? WHERE step = ?",
+                         (base + (1536 << 10) * sum(step >= j for j in (4, 8, 12, 16)), step))
+    with RunReader(str(stairs)) as reader:
+        proc = reader.processes()[0]["id"]
+        assert steady_growth_of(reader, proc)[1] is not None  # the quarters alone would call it growth
+        assert unexplained_growth(reader, proc) is None
 
 
 def test_the_tensors_share_says_it_rests_on_the_rss_estimate() -> None:

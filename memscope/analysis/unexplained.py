@@ -7,7 +7,8 @@ used CUDA (tensors live there), else host RSS (tensors, Python objects, native b
 The level's lower envelope (at each step, the lowest level of any later step: what the process
 never gives back) over at least ``MIN_STEPS`` steps after warm-up must rise in every quarter of
 them, steadily (no quarter's rate under a third of another's: warm-up growth that levels off, or
-one jump, is not this), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all. From that rate, what the inventories saw
+one jump, is not this), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all, and not mostly ``JUMPS``
+step-to-step rises (a heap growing in a few jumps while it warms up). From that rate, what the inventories saw
 tensors grow by over the same steps is subtracted (four times over on host RSS, for the heap
 pages a leaked tensor pins); what is left, when it is at least ``MIN_RATE`` and half the growth,
 is growth nothing explains: Python objects piling up (lists of dicts, numpy
@@ -32,6 +33,11 @@ QUARTERS = 4
 MIN_RATE = 64 << 10  # bytes a step
 MIN_TOTAL = 1 << 20
 UNEXPLAINED_SHARE = 0.5
+# Growth that is a few jumps is not steady: a healthy short run's heap grows in steps of 0.5-3 MiB
+# while it warms up (a 30-step tiny_gpt under load rose 5.6 MiB in six jumps, one in each quarter).
+# A leak adds to the level at most steps, so its largest JUMPS rises are a small part of the total.
+JUMPS = 3
+JUMP_SHARE = 0.5
 # On host RSS a leaked tensor pins the heap pages around it: the C allocator cannot give back the
 # freed temporaries interleaved with it, so RSS grows by a multiple of the leaked bytes (3.5x
 # measured on examples/leaks/detached_list.py: 113 KiB/step for 32 KiB of tensors). Growth within
@@ -216,12 +222,31 @@ def unexplained_growth(reader: "RunReader", proc: int | None,
     if found is None:
         return None
     rate, first, last = found
+    if few_jumps(reader, proc, metric, first, last):
+        return None
     if metric == "rss" and any(lk.first_step <= last and lk.last_step >= first for lk in leaks):
         return None
     explained = max(_tensor_rate(reader, proc, first, last), 0.0)
     if not is_unexplained(metric, rate, explained):
         return None
     return UnexplainedGrowth(metric, int(round(rate)), int(round(explained)), first, last)
+
+
+def few_jumps(reader: "RunReader", proc: int, metric: str, first: int, last: int) -> bool:
+    """Whether the level's rise from ``first`` to ``last`` is mostly ``JUMPS`` step-to-step
+    jumps (heap growth while warming up), not growth spread over the steps. Asked only of a run
+    whose envelope rose steadily, so the one pass over its steps is rare."""
+    column = "end_allocated" if metric == "cuda_allocated" else "end_rss"
+    rows = reader.rows(
+        f"SELECT d FROM (SELECT {column} - lag({column}) OVER (ORDER BY step) AS d FROM steps"
+        f" WHERE proc = ? AND status = 'ok' AND {column} IS NOT NULL AND step >= ? AND step <= ?)"
+        " WHERE d > 0 ORDER BY d DESC LIMIT ?", (proc, first, last, JUMPS))
+    top = sum(int(r[0]) for r in rows)
+    ends = reader.rows(f"SELECT {column} FROM steps WHERE proc = ? AND status = 'ok' AND {column} IS NOT NULL"
+                       " AND step IN (?, ?) ORDER BY step", (proc, first, last))
+    levels = [int(r[0]) for r in ends]
+    total = levels[-1] - levels[0] if len(levels) == 2 else 0
+    return total > 0 and top >= JUMP_SHARE * total
 
 
 def is_unexplained(metric: str, rate: float, explained: float) -> bool:
