@@ -1,6 +1,6 @@
 """Which step is the peak when the run ran out of memory (issue #14 item 3).
 
-Host RSS is sampled and moves by a fraction of a percent between the steps of a steady loop, so
+Host RSS is sampled and the peaks of a steady loop's steps differ by up to 2%, so
 the step that failed may read a little lower than the step before it although it asked for more
 than there was. Run files are written here as the agent's writer leaves them, with the readings
 chosen, so each side of the rule is checked on every run (a real census run lands on either
@@ -45,11 +45,16 @@ def write_run(tmp_path: Path, peaks: list[int], oom_step: int | None) -> Path:
     return db
 
 
-def test_the_failing_step_is_the_peak_within_one_percent(tmp_path: Path) -> None:
-    # step 2 failed reading 0.4% below step 1: it held as much and asked for 64 MiB more
-    db = write_run(tmp_path, [900 * MiB, 1004 * MiB, 1000 * MiB], oom_step=2)
+def test_the_failing_step_is_the_peak_within_five_percent(tmp_path: Path) -> None:
+    # step 2 failed reading 4.7% below step 1: it held about as much and asked for more
+    db = write_run(tmp_path, [900 * MiB, 1049 * MiB, 1000 * MiB], oom_step=2)
     assert report_json(db)["peak"]["step"] == 2
     assert report_json(db)["peak"]["bytes"] == 1000 * MiB  # its own reading, not the other step's
+
+
+def test_a_failing_step_just_over_five_percent_below_is_not_the_peak(tmp_path: Path) -> None:
+    db = write_run(tmp_path, [900 * MiB, 1054 * MiB, 1000 * MiB], oom_step=2)  # 5.1% below
+    assert report_json(db)["peak"]["step"] == 1
 
 
 def test_a_failing_step_far_below_the_peak_is_not_the_peak(tmp_path: Path) -> None:

@@ -29,8 +29,10 @@ from memscope.store.step_stats import (StepStats, peak_step, scan_source, step_a
 from memscope.units import human_bytes
 
 # how close to the highest step's peak the step that ran out of memory must be to count as the
-# peak (a fraction): sampled host RSS moves by under 1% between steps of a steady loop
-OOM_PEAK_TIE = 0.01
+# peak (a fraction): the peak RSS of two steps of one steady loop differs by up to 2% (a loop
+# failing in step 2's optimizer, 8 runs side by side: step 1 357-363 MiB, step 2 360-368 MiB; a
+# full test run once had step 1 over 1% above step 2, and called step 1 the peak)
+OOM_PEAK_TIE = 0.05
 
 
 @dataclass
