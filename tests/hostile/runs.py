@@ -49,12 +49,15 @@ def edited(directory: Path, trap: Path, victim: Path) -> Path:
     names = list(corpus(str(trap)).values())
     con = sqlite3.connect(db)
     with con:
-        step = con.execute("SELECT max(step) FROM layer_stats").fetchone()[0]
+        steps = [r[0] for r in con.execute("SELECT DISTINCT step FROM layer_stats")]
         proc = con.execute("SELECT min(id) FROM processes").fetchone()[0]
-        for i, name in enumerate(names):  # the biggest modules of the step: at the top of every view
-            con.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, "
-                        "saved_tensors, output_bytes, forward_s) VALUES (?, ?, ?, ?, 1, ?, 1, ?, 0.001)",
-                        (proc, step, f"evil.{i}.{name}", name, 10**9 - i, 10**6))
+        # the biggest modules of every profiled step (a view shows the peak's, which the OOM event
+        # below can make step 5): at the top of every view
+        for step in steps:
+            for i, name in enumerate(names):
+                con.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, "
+                            "saved_tensors, output_bytes, forward_s) VALUES (?, ?, ?, ?, 1, ?, 1, ?, 0.001)",
+                            (proc, step, f"evil.{i}.{name}", name, 10**9 - i, 10**6))
         con.execute("UPDATE run SET command = ?, host = ?", (json.dumps(["python", *names[:-1]]), names[9]))
         con.execute("UPDATE processes SET host = ?, device = ?, torch = ?", (names[0], names[8], names[13]))
         con.execute("UPDATE leak_holders SET held_by = ?, site = ?", (names[10] + names[0], names[15]))
