@@ -261,16 +261,28 @@ def unguard_optimizers() -> None:
 
 # -- how much memory the process may use ---------------------------------------------------------
 
+def host_total() -> int | None:
+    """The machine's memory in bytes: sysconf where it answers (what psutil reads too, without
+    importing psutil into every attached process at start), else psutil."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if total > 0:
+            return int(total)
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:
+        return None
+
+
 def host_limits() -> dict[str, int | None]:
     """The limits a CPU process runs into: the machine's memory, a cgroup's, the address-space
     rlimit (``ulimit -v``: compared with virtual size, not RSS)."""
     out: dict[str, int | None] = {"host_total": None, "cgroup": None, "address_space": None}
-    try:
-        import psutil
-
-        out["host_total"] = int(psutil.virtual_memory().total)
-    except Exception:
-        pass
+    out["host_total"] = host_total()
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path) as f:

@@ -19,7 +19,6 @@ import time
 import traceback
 from typing import Any
 
-import psutil
 import torch
 
 from memscope.agent.collectors import cuda
@@ -81,7 +80,6 @@ class Agent:
         # The sampler thread and the training thread (at step boundaries) both take samples;
         # one at a time keeps the sample count and the CUDA device list consistent.
         self._tick_lock = threading.Lock()
-        self._process = psutil.Process()
         self._rss = RssReader()
         self._writer = RunWriter(db, options.queue_size, options.flush_interval,
                                  file_id=_file_id(owns_run))
