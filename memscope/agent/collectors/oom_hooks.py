@@ -87,7 +87,8 @@ class ArmedHooks:
         self._watch.install()
 
     def disarm(self) -> None:
-        self._remove_hooks()
+        if self._handles:
+            self._remove_hooks()
         self._watch.remove()
 
     def _remove_hooks(self) -> None:

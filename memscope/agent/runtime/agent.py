@@ -406,11 +406,11 @@ class Agent:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def _step_part(self, name: str, fn: Any) -> Any:
-        """One part of a step boundary; a failure (no file descriptor left to read /proc, say)
-        is said once in an event and the step row is written without that part."""
+    def _step_part(self, name: str, fn: Any, *args: Any) -> Any:
+        """One part of a step boundary, ``fn(*args)``; a failure (no file descriptor left to read
+        /proc, say) is said once in an event and the step row is written without that part."""
         try:
-            return fn()
+            return fn(*args)
         except Exception as exc:
             if name not in self._step_failures:
                 self._step_failures.add(name)
@@ -425,10 +425,14 @@ class Agent:
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
         self._peak.step_closed(step)  # first: the boundary's own tensor work is not the step's
-        self._step_part("layers", lambda: self._layers_close(step))
+        # Every part is called only when it has work: on steps of ~1 ms, each call that returns
+        # at once still costs (2,000 boundaries a run of tiny steps)
+        if self._layers.active:
+            self._step_part("layers", self._layers_close, step)
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
-        self._step_part("sample", lambda: self._tick(wait=False))
+        if time.time() - self._sampled_at >= 0.5 / self.options.sample_hz:  # see _tick
+            self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
         mem = self._step_part("memory reading", self._rss.rss_vms)
         rss_now, vms_now = mem if mem is not None else (None, None)
@@ -452,12 +456,12 @@ class Agent:
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok",
                                       "end_rss": rss_now, "end_allocated": end_alloc})
-        self._guard_call("oom", lambda: self._oom_step_close(
-            max(cuda_share, self._oom.host_share(peak_rss, vms_now)), step + 1))
+        self._guard_call("oom", self._oom_step_close, cuda_share, peak_rss, vms_now, step + 1)
         # inventories (the memory level here can pull one forward), leak suspects' sites
         level = end_alloc if end_alloc is not None else rss_now
-        self._step_part("inventory", lambda: self._leaks.step_closed(step, end - start, level or 0))
-        self._step_part("block profile", lambda: self._block_profile_next(step))
+        self._step_part("inventory", self._leaks.step_closed, step, end - start, level or 0)
+        if self._block_profile is not None and not self._block_profile.done:
+            self._step_part("block profile", self._block_profile_next, step)
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
         self._layers_next(step + 1)
@@ -484,8 +488,11 @@ class Agent:
         """The breakdown of the last profiled step (parameters, gradients, ...), if any."""
         return dict(self._last_breakdown) if self._last_breakdown else None
 
-    def _oom_step_close(self, memory_share: float, next_step: int) -> None:
-        """``memory_share``: the closed step's peak as a share of what the process may use."""
+    def _oom_step_close(self, cuda_share: float, peak_rss: int | None, vms: int | None,
+                        next_step: int) -> None:
+        """The closed step's peak as a share of what the process may use: ``cuda_share`` of a
+        device's, or the host's (``peak_rss``, address space ``vms``)."""
+        memory_share = max(cuda_share, self._oom.host_share(peak_rss, vms))
         self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
         self._oom.record_observed_leftovers(self)
         profiled_next = self._layers_enabled and self.options.profiles_layers(next_step)
@@ -530,10 +537,10 @@ class Agent:
                                           "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                           "peak_reserved": peak_reserved, "status": "failed"})
 
-    def _guard_call(self, name: str, fn: Any) -> None:
-        """Run a no-argument collector call; on failure, say so once and carry on."""
+    def _guard_call(self, name: str, fn: Any, *args: Any) -> None:
+        """Run a collector call, ``fn(*args)``; on failure, say so once and carry on."""
         try:
-            fn()
+            fn(*args)
         except Exception as exc:
             self.event("collector_disabled", f"{name}: {type(exc).__name__}: {exc}")
 
