@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, memscope
 from memscope.runners.script_estimate import CUDA_CONTEXT_ALLOWANCE
 
@@ -53,14 +55,25 @@ def test_estimate_sums_the_measured_breakdown(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_estimate_text_names_the_components(tmp_path: Path) -> None:
-    script = tmp_path / "mlp.py"
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """``estimate --measure`` printing its text, in a process that checks it never imported
+    torch: one estimate for the text test and the no-torch test."""
+    script = tmp_path_factory.mktemp("mlp") / "mlp.py"
     script.write_text(MLP)
-    out = memscope("estimate", "--measure", str(script), "100")
-    assert out.returncode == 0, out.stderr
+    code = ("import sys, argparse\n"
+            "from memscope.runners import script_estimate\n"
+            f"rc = script_estimate.run(argparse.Namespace(script={str(script)!r}, script_args=['100'], measure=True))\n"
+            "assert rc == 0\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_text_names_the_components(text_run: subprocess.CompletedProcess[str]) -> None:
+    assert text_run.returncode == 0, text_run.stderr
     for word in ("parameters", "gradients", "optimizer state", "activations", "sum of the four",
                  "live-tensor peak", "allocator peak", "+ CUDA context", "512.00 MiB", "device total"):
-        assert word in out.stdout
+        assert word in text_run.stdout
 
 
 def test_a_script_that_hard_codes_cuda_is_said_in_one_line(tmp_path: Path) -> None:
@@ -88,14 +101,6 @@ def test_a_failing_script_and_a_script_without_steps(tmp_path: Path) -> None:
     assert out.returncode == 2 and "completed no profiled training step" in out.stderr
 
 
-def test_the_estimating_process_never_imports_torch(tmp_path: Path) -> None:
-    script = tmp_path / "mlp.py"
-    script.write_text(MLP)
-    code = ("import sys, argparse\n"
-            "from memscope.runners import script_estimate\n"
-            f"rc = script_estimate.run(argparse.Namespace(script={str(script)!r}, script_args=['3'], measure=True))\n"
-            "assert rc == 0\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "allocator peak" in out.stdout
+def test_the_estimating_process_never_imports_torch(text_run: subprocess.CompletedProcess[str]) -> None:
+    assert text_run.returncode == 0, text_run.stderr  # its last line: torch not in sys.modules
+    assert "allocator peak" in text_run.stdout

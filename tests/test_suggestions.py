@@ -149,10 +149,13 @@ def test_lbfgs_history_growing_all_run_is_not_a_leak(runs: Any) -> None:
     assert grew and all(g["category"] == "optimizer_state" for g in grew), grew
 
 
+GPT128 = ("--steps", "3", "--eval-every", "0", "--seq", "128")  # batch 8, 4 heads, 2 layers: its defaults
+
+
 def test_attention_materialising_scores(runs: Any) -> None:
-    b, heads, n, layers = 8, 4, 256, 2
-    db = runs("gpt256", str(EXAMPLES / "tiny_gpt.py"), "--steps", "3", "--seq", str(n),
-              "--batch", str(b), "--heads", str(heads), "--layers", str(layers), "--eval-every", "0")
+    """tiny_gpt's NaiveAttention at 128 tokens (the run the checkpointing test reads too)."""
+    b, heads, n, layers = 8, 4, 128, 2
+    db = runs("gpt128", str(EXAMPLES / "tiny_gpt.py"), *GPT128)
     got = by_technique(suggestions(db))
     assert "efficient_attention" in got
     assert "blocks.0.attn" in got["efficient_attention"].evidence
@@ -177,7 +180,8 @@ def test_torch_transformer_layers_are_told_about_attention_dropout(runs: Any) ->
 
 
 def test_attention_through_sdpa_is_left_alone(runs: Any) -> None:
-    db = runs("gpt256_sdpa", str(SCENARIOS / "gpt.py"), "--sdpa", "--steps", "3", "--seq", "256")
+    """The SDPA run the efficient_attention estimate is measured against."""
+    db = runs("gpt_sdpa", str(SCENARIOS / "gpt.py"), "--sdpa", "--steps", "3", "--seq", "128")
     got = by_technique(suggestions(db))
     assert "efficient_attention" not in got
     assert "activation_checkpointing" in got
@@ -199,9 +203,8 @@ def test_checkpointing_plan_against_a_checkpointed_run(runs: Any) -> None:
     the forward (block inputs + activations outside the blocks) is what the checkpointed run
     measured. memscope's per-step activations leave out the recomputation in backward, so the
     estimate (which adds one recomputed block) saves less than that measurement shows."""
-    args = ("--steps", "3", "--eval-every", "0", "--seq", "128")
-    plain = runs("gpt128", str(EXAMPLES / "tiny_gpt.py"), *args)
-    ckpt = runs("gpt128_ckpt", str(EXAMPLES / "tiny_gpt.py"), *args, "--checkpoint")
+    plain = runs("gpt128", str(EXAMPLES / "tiny_gpt.py"), *GPT128)
+    ckpt = runs("gpt128_ckpt", str(EXAMPLES / "tiny_gpt.py"), *GPT128, "--checkpoint")
     with RunReader(plain) as r:
         facts = gather(r, summarize(r))
     assert facts is not None

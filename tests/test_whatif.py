@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, ROOT, memscope
-from memscope.analysis.whatif import Measure, compare, estimate_for
+from memscope.analysis.whatif import Measure, compare, estimate_for, measure
+from memscope.cli.whatif import render
+from memscope.store.reader import RunReader
 
 TINY_GPT = [str(EXAMPLES / "tiny_gpt.py"), "--layers", "2", "--d-model", "32", "--seq", "32",
             "--batch", "4", "--eval-every", "0", "--steps", "30"]
@@ -110,24 +112,28 @@ def test_whatif_text_output_and_attach_try(tmp_path: Path) -> None:
 
 
 def test_tensor_peak_counts_a_temporary_exactly(tmp_path: Path) -> None:
+    """One run, a temporary made in steps 3 to 5 (one process instead of a run with it and a
+    run without): the peaks of steps 4 and 5, which hold it from their start (the previous
+    step's) to their end (their own), are those of steps 1 and 2 plus its 4 MiB, to the byte."""
     code = '''
 import sys, torch, memscope
-memscope.start(sys.argv[1], tensor_peak=True, layers_every=0, inventory_every=0, max_steps=4)
+memscope.start(sys.argv[1], tensor_peak=True, layers_every=0, inventory_every=0, max_steps=7)
 model = torch.nn.Linear(64, 64)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
 while True:
-    extra = torch.ones(1 << 20) if sys.argv[2] == "1" else None  # 4 MiB alive through the step
+    extra = torch.ones(1 << 20) if 3 <= step <= 5 else None  # 4 MiB alive through the step
     model(torch.randn(32, 64)).sum().backward()
     opt.step()
     opt.zero_grad()
     del extra
+    step += 1
 '''
-    peaks = []
-    for with_extra in ("0", "1"):
-        rows = tensor_peak_events(code, tmp_path / f"run{with_extra}.db", with_extra)
-        assert [r["step"] for r in rows] == [1, 2, 3]
-        peaks.append(max(r["peak_bytes"] for r in rows))
-    assert peaks[1] - peaks[0] == 4 << 20
+    rows = tensor_peak_events(code, tmp_path / "run.db", "")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    peak = {r["step"]: r["peak_bytes"] for r in rows}
+    assert peak[1] == peak[2] and peak[4] == peak[5], peak
+    assert peak[4] - peak[1] == 4 << 20
 
 
 def tensor_peak_events(code: str, db: Path, arg: str) -> list[dict[str, Any]]:
@@ -145,26 +151,30 @@ def tensor_peak_events(code: str, db: Path, arg: str) -> list[dict[str, Any]]:
 
 def test_tensor_peak_says_whether_the_steps_gradients_were_live_at_it(tmp_path: Path) -> None:
     """Gradients zeroed in place stay live through the peak (all of them counted); set to None
-    ahead of the forward, none of the step's starting .grad is live at it."""
+    ahead of the forward, none of the step's starting .grad is live at it. One run, the two
+    ways in turn (every step starts with the .grad its previous backward made)."""
     code = '''
 import sys, torch, memscope
-memscope.start(sys.argv[1], tensor_peak=True, layers_every=0, inventory_every=0, max_steps=4)
+memscope.start(sys.argv[1], tensor_peak=True, layers_every=0, inventory_every=0, max_steps=5)
 model = torch.nn.Linear(256, 256)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
 while True:
-    if sys.argv[2] == "free":
+    keep = step % 2 == 0  # steps 0, 2, 4 keep their gradients; 1, 3 free them
+    if not keep:
         opt.zero_grad(set_to_none=True)
     loss = model(torch.randn(512, 256)).relu().sum()
-    if sys.argv[2] == "keep":
+    if keep:
         opt.zero_grad(set_to_none=False)
     loss.backward()
     opt.step()
+    step += 1
 '''
-    got = {}
-    for mode in ("keep", "free"):
-        rows = tensor_peak_events(code, tmp_path / f"{mode}.db", mode)
-        assert [r["step"] for r in rows] == [1, 2, 3]
-        got[mode] = {r["start_grad_bytes_at_peak"] for r in rows}
+    rows = tensor_peak_events(code, tmp_path / "run.db", "")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    got: dict[str, set[int]] = {"keep": set(), "free": set()}
+    for r in rows:
+        got["free" if r["step"] % 2 else "keep"].add(r["start_grad_bytes_at_peak"])
     assert got == {"keep": {(256 * 256 + 256) * 4}, "free": {0}}
 
 
@@ -231,12 +241,17 @@ def test_checkpoint_plan_option_is_validated() -> None:
 
 def test_autocast_trial_on_a_float64_model_says_why_it_is_not_applied(tmp_path: Path) -> None:
     """autocast casts only float32 tensors: on a float64 model the trial is not applied, and
-    the table says why instead of a measured 0 that reads as "mixed precision saves nothing"."""
-    out = memscope("whatif", "--try", "mixed_precision", "--steps", "3", "--db-dir", str(tmp_path),
-                   str(EXAMPLES / "scenarios" / "mlp.py"), "--dtype", "fp64", timeout=300)
+    the table says why instead of a measured 0 that reads as "mixed precision saves nothing".
+    One whatif (the JSON); the text table is the CLI's render of the same two run files."""
+    script = str(EXAMPLES / "scenarios" / "mlp.py")
+    out = memscope("whatif", "--json", "--try", "mixed_precision", "--steps", "3", "--db-dir", str(tmp_path),
+                   script, "--dtype", "fp64", timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "mixed_precision: not applied: the model's parameters are float64" in out.stdout
-    doc = json.loads(memscope("whatif", "--json", "--try", "mixed_precision", "--steps", "3",
-                              str(EXAMPLES / "scenarios" / "mlp.py"), "--dtype", "fp64", timeout=300).stdout)
+    doc = json.loads(out.stdout)
     (c,) = doc["trials"]
     assert c["applied"] is False and "float64" in c["how"][0]["why"]
+    with RunReader(doc["baseline"]["db"]) as base_reader, RunReader(c["db"]) as trial_reader:
+        base, trial = measure(base_reader), measure(trial_reader)
+    comp = compare("mixed_precision", base, trial, c["estimated_saving_bytes"])
+    text = render(script, 3, base.peak_metric, [comp], None, str(tmp_path))
+    assert "mixed_precision: not applied: the model's parameters are float64" in text
