@@ -23,6 +23,8 @@ from conftest import EXAMPLES, ROOT, cli, graph_malloc, memscope, report_json
 from memscope.analysis.leaks import Leak, find_leaks, growth
 from memscope.store.schema import SCHEMA_VERSION, migrate
 from memscope.units import human_bytes
+from shared_runs import shared_attach
+from test_diff import LEAK_ARGS, LEAK_OPTIONS
 
 LEAKS = EXAMPLES / "leaks"
 
@@ -264,19 +266,21 @@ def test_never_none_without_looking(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no tensor inventory" in bad.stderr and "--inventory-every 0" in bad.stderr
 
 
-def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
-    db = tmp_path / "run.db"
-    attach(db, LEAKS / "detached_list.py", "--steps", "12", options=("--inventory-every", "2"))
+def test_leaks_cli_diff_and_errors(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # detached_list, 14 steps, an inventory every 2: made once per session (tests/shared_runs.py),
+    # read by tests/test_diff.py and tests/test_leak_patch.py too
+    db, res = shared_attach(tmp_path_factory, LEAK_OPTIONS, ["examples/leaks/detached_list.py", *LEAK_ARGS])
+    assert res.returncode == 0, res.stderr
     out = cli("leaks", str(db), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["inventoried_steps"] == [0, 2, 4, 6, 8, 10]
-    assert (doc["from"], doc["to"]) == (0, 10)
-    assert doc["leak_check"] == {"inventories": 5, "needed": 4, "verdict": "ok",
-                                 "last_inventory_step": 10, "last_step": 11}
+    assert doc["inventoried_steps"] == [0, 2, 4, 6, 8, 10, 12]
+    assert (doc["from"], doc["to"]) == (0, 12)
+    assert doc["leak_check"] == {"inventories": 6, "needed": 4, "verdict": "ok",
+                                 "last_inventory_step": 12, "last_step": 13}
     top = doc["diff"][0]
-    assert top["shape"] == [32, 256] and top["count_delta"] == 10
-    assert top["bytes_delta"] == 10 * 32 * 256 * 4
+    assert top["shape"] == [32, 256] and top["count_delta"] == 12
+    assert top["bytes_delta"] == 12 * 32 * 256 * 4
     assert doc["leaks"][0]["held_by"] == "__main__.features"
     out = cli("leaks", str(db), "--from", "4", "--to", "8", "--json")
     doc = json.loads(out.stdout)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
+from shared_runs import shared_attach
 
 REQUEST = 3377699720527872
 
@@ -136,8 +137,9 @@ def test_caught_forward_oom_after_root_known(tmp_path: Path) -> None:
         assert [r[0] for r in conn.execute("SELECT step FROM steps ORDER BY step")] == list(range(6))
 
 
-def test_no_oom(run_db: Path) -> None:
-    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2")
+def test_no_oom(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # a healthy run: the dashboard tests' 8-step tiny_gpt, made once per session (tests/shared_runs.py)
+    run_db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
     assert out.returncode == 0, out.stderr
     assert report_json(run_db)["oom"] is None
     text = cli("oom", str(run_db))

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, cli, free_port, memscope, report_json
+from conftest import SCRIPTS, cli, free_port, memscope, report_json
 from memscope.analysis.ranks import RankSummary, imbalance, rank_summaries
 from memscope.store.reader import RunReader
+from shared_runs import shared_attach
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 MiB = 2 ** 20
@@ -84,13 +85,12 @@ def test_the_rank_that_ran_out_of_memory_is_named(tmp_path: Path) -> None:
                if ln.startswith("     "))
 
 
-def test_single_process_run_has_one_rank_and_no_table(tmp_path: Path) -> None:
-    db = tmp_path / "one.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"),
-                   "--steps", "3", "--eval-every", "0")
+def test_single_process_run_has_one_rank_and_no_table(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # the dashboard tests' 8-step run of tiny_gpt, made once per session (tests/shared_runs.py)
+    db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
     assert out.returncode == 0, out.stderr
     rep = report_json(db)
     assert len(rep["ranks"]) == 1 and rep["ranks"][0]["rank"] is None
-    assert rep["ranks"][0]["steps"] == rep["run"]["steps"] == 3
+    assert rep["ranks"][0]["steps"] == rep["run"]["steps"] == 8
     assert rep["rank_imbalance"] is None
     assert "ranks " not in cli("report", str(db)).stdout
