@@ -79,7 +79,9 @@ def exit_3_with_user_site(tmp_path_factory: pytest.TempPathFactory) -> Exit3:
     d = tmp_path_factory.mktemp("exit3")
     site = d / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    # the marker is the pid of the process it ran in: attach's own Python runs it too (the same
+    # PYTHONPATH), and its environment is the child's, so "yes" would pass with no chain at all
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = str(os.getpid())\n")
     dump, db = d / "dump.json", d / "run.db"
     out = attach(db, str(SCRIPTS / "loop.py"), "--steps", "2", "--exit", "3", "--dump", str(dump),
                  env={"PYTHONPATH": str(site)})
@@ -128,7 +130,9 @@ def test_module_mode_and_command_mode(tmp_path: Path) -> None:
 def test_users_sitecustomize_still_runs(exit_3_with_user_site: Exit3) -> None:
     out, run_db, dump = exit_3_with_user_site  # the script's own exit status: 3
     assert out.returncode == 3, out.stderr
-    assert json.loads(dump.read_text())["sitecustomize_marker"] == "yes"
+    with sqlite3.connect(run_db) as conn:
+        (pid,) = conn.execute("SELECT pid FROM processes").fetchone()
+    assert json.loads(dump.read_text())["sitecustomize_marker"] == str(pid)  # ran in the script's process
     assert report_json(run_db)["run"]["steps"] == 2  # and memscope's own bootstrap ran too
 
 
