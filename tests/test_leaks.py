@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, cli, graph_malloc, memscope, report_json
+from conftest import EXAMPLES, ROOT, cli, memscope, report_json
+from leak_lengths import shared_graph_malloc
 from memscope.analysis.leaks import Leak, find_leaks, growth
 from memscope.store.schema import SCHEMA_VERSION, migrate
 from memscope.units import human_bytes
@@ -146,7 +147,8 @@ def example_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     return case, db, report_json(db)
 
 
-def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
+def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any], Path, dict[str, Any]],
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     case, db, report = example_run
     assert report["leak_check"] == {"inventories": report["leak_check"]["inventories"], "needed": 4,
                                     "verdict": "ok", "last_inventory_step": 39, "last_step": 39}
@@ -159,7 +161,7 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
     assert lk["last_step"] == 39 and 2 <= lk["first_step"] <= 6
     if case["kind"] == "graph":  # one scalar whose retained autograd graph grows
         # against the same loop run without memscope: its graph walked, glibc's malloc counted
-        truth = graph_malloc()
+        truth = shared_graph_malloc(tmp_path_factory)  # measured once per session: test_leak_lengths reads it too
         assert lk["tensors_per_step"] == 0 and lk["graph_nodes_per_step"] == truth["nodes_per_step"]
         # 40 steps gain too few nodes to measure what one costs (analysis/node_cost.py's
         # MIN_NODES): the estimate NODE_BYTES, 12.7% above malloc's count; measured, and within

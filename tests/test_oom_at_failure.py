@@ -340,8 +340,8 @@ while steps < 16:
     steps += 1
     if not found and steps % 2 == 0:
         batch *= 2  # Lightning's "power" search: a few steps per trial, then double
-    if found and steps % 2 == 0:
-        break
+    if found:
+        break  # a step at the halved batch: the run went on
 print("batch", batch, "steps", steps)
 '''
 LIMIT = 2_000_000_000  # bytes of address space (ulimit -v)
@@ -360,7 +360,7 @@ def test_doubling_batch_under_a_memory_limit(tmp_path: Path) -> None:
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
-                          str(script), "131072"], capture_output=True, text=True, env=env, timeout=300,
+                          str(script), "262144"], capture_output=True, text=True, env=env, timeout=300,
                          preexec_fn=limit)
     assert out.returncode == 0 and "batch" in out.stdout, out.stderr
     events = oom_events(db)
