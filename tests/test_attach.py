@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json, torchrun
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
+from test_ranks import heavy_rank_run
 
 
 def attach(db: Path, *command: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -161,8 +162,10 @@ def test_sigkilled_child_still_reports(run_db: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # one self-contained file
 
 
-def test_torchrun_ranks_recorded_not_the_launcher(run_db: Path) -> None:
-    out = attach(run_db, "--", *torchrun(2), str(SCRIPTS / "ddp.py"), "--steps", "4")
+def test_torchrun_ranks_recorded_not_the_launcher(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # 2 ranks of tests/scripts/ddp.py, 4 steps (rank 1 keeps a buffer alive): the run
+    # tests/test_ranks.py reads, made once per session (tests/shared_runs.py)
+    run_db, out = heavy_rank_run(tmp_path_factory)
     assert out.returncode == 0, out.stderr
     with sqlite3.connect(run_db) as conn:
         rows = conn.execute(
