@@ -16,6 +16,7 @@ import pytest
 
 from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
 from shared_runs import shared_attach
+from test_oom_at_failure import CATCH_OPTIONS, saved_model_run
 
 REQUEST = 3377699720527872
 
@@ -330,26 +331,13 @@ def test_optimizer_oom(tmp_path: Path) -> None:
     assert "step 2, optimizer" in text and "a shape bug" in text
 
 
-SAVE_WHOLE = """
-import io, sys, torch
-model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(3):
-    model(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
-buf = io.BytesIO()
-torch.save(model, buf)  # the whole module, hooks included
-print("saved", len(buf.getvalue()) > 0)
-"""
-
-
 @pytest.mark.parametrize("catch", [False, True])
-def test_whole_model_pickles_under_attach(tmp_path: Path, catch: bool) -> None:
-    script = tmp_path / "save.py"
-    script.write_text(SAVE_WHOLE)
-    extra = ["--catch-forward-oom", "--layers-first", "0"] if catch else []
-    out = attach(tmp_path / "s.db", *extra, str(script))
+def test_whole_model_pickles_under_attach(tmp_path_factory: pytest.TempPathFactory, catch: bool) -> None:
+    """torch.save of the whole module, its hooks included, under attach (made once per session:
+    tests/test_oom_at_failure.py loads the --catch-forward-oom run's model without memscope)."""
+    saved, out = saved_model_run(tmp_path_factory, CATCH_OPTIONS if catch else [], "plain")
     assert out.returncode == 0, out.stderr
-    assert "saved True" in out.stdout
+    assert f"saved {saved.stat().st_size} bytes" in out.stdout and saved.stat().st_size > 0
 
 
 DATA = Path(__file__).resolve().parent / "data"
