@@ -25,11 +25,13 @@ def attach(db: Path, *command: str, **kw: object) -> "subprocess.CompletedProces
     return memscope("attach", "--headless", "--db", str(db), *command, **kw)  # type: ignore[arg-type]
 
 
-def test_forward_oom_example(run_db: Path) -> None:
+def test_forward_oom_example(tmp_path_factory: pytest.TempPathFactory) -> None:
     script = str(EXAMPLES / "oom.py")
-    plain = subprocess.run([sys.executable, script, "--fail-step", "5"], capture_output=True, text=True,
+    plain = subprocess.run([sys.executable, script, "--fail-step", "3"], capture_output=True, text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    out = attach(run_db, script, "--fail-step", "5")
+    # the session's run of examples/oom.py (conftest's oom_example_run: the exports' and the
+    # dashboard's tests read it too), made once (tests/shared_runs.py)
+    run_db, out = shared_attach(tmp_path_factory, ["--sample-hz", "50"], ["examples/oom.py", "--fail-step", "3"])
     assert out.returncode == plain.returncode == 1, out.stderr
     assert "can't allocate memory" in out.stderr  # the script's own traceback, unchanged
     report = report_json(run_db)
@@ -41,20 +43,20 @@ def test_forward_oom_example(run_db: Path) -> None:
                                   "rank", "breakdown", "breakdown_step", "limit"}
     assert report["oom"]["rank"] is None
     oom = report["oom"]
-    assert oom["step"] == 5 and oom["phase"] == "forward" and oom["module"] == "expand"
+    assert oom["step"] == 3 and oom["phase"] == "forward" and oom["module"] == "expand"
     assert oom["requested_bytes"] == REQUEST
     assert oom["live_bytes"] > 0 and "can't allocate memory" in oom["message"]
-    assert report["run"]["steps"] == 5 and report["run"]["exit_code"] == 1
+    assert report["run"]["steps"] == 3 and report["run"]["exit_code"] == 1
     with sqlite3.connect(run_db) as conn:
-        assert conn.execute("SELECT step FROM steps WHERE status = 'failed'").fetchall() == [(5,)]
+        assert conn.execute("SELECT step FROM steps WHERE status = 'failed'").fetchall() == [(3,)]
         assert conn.execute("SELECT count(*) FROM events WHERE kind = 'oom'").fetchone()[0] == 1
     text = cli("oom", str(run_db))
     assert text.returncode == 0, text.stderr
-    assert "step 5, forward, in module expand (Expand)" in text.stdout
+    assert "step 3, forward, in module expand (Expand)" in text.stdout
     assert "requested 3072.00 TiB" in text.stdout and "host RSS" in text.stdout
     assert "a shape bug: the request is larger than any device" in text.stdout
     summary = cli("report", str(run_db))
-    assert "out of memory at step 5 (forward, expand)" in summary.stdout
+    assert "out of memory at step 3 (forward, expand)" in summary.stdout
 
 
 BACKWARD = '''
