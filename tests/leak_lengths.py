@@ -15,6 +15,7 @@ at 5,000.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sqlite3
 import subprocess
@@ -27,6 +28,7 @@ import pytest
 
 from conftest import EXAMPLES, ROOT, SCRIPTS, graph_malloc, memscope, report_json
 from memscope.analysis.leaks import Leak, find_leaks
+from shared_runs import shared_dir
 
 LEAKS = EXAMPLES / "leaks"
 GPT = SCRIPTS / "leaky_gpt.py"
@@ -128,6 +130,21 @@ def truth(case: Case, tmp: Path) -> dict[str, float]:
     return {"bytes": delta[1] + delta[3], "nodes": delta[2]}
 
 
+def shared_graph_malloc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    """:func:`conftest.graph_malloc` (total_loss.py's loop without memscope, glibc's count),
+    measured once per session for both xdist workers: this file and tests/test_leaks.py compare
+    their total_loss runs with the same measurement (a lock in tests/shared_runs.py's directory)."""
+    where = shared_dir(tmp_path_factory)
+    result = where / "graph_malloc.json"
+    with open(where / "graph_malloc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker measuring it: wait for it
+        if not result.exists():
+            part = result.with_suffix(".part")
+            part.write_text(json.dumps(graph_malloc()))  # skips (nothing written) without mallinfo2
+            part.replace(result)
+        return dict(json.loads(result.read_text()))
+
+
 _RUNS: dict[str, Run] = {}
 
 
@@ -144,7 +161,7 @@ def reported(run: Run, last: int) -> Leak | None:
     return found[0] if found else None
 
 
-def check_verdicts(run: Run, tmp_path: Path) -> None:
+def check_verdicts(run: Run, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """What each case asserts (the module doc): the verdict at every length, the rate against the
     truth, and the report at the end."""
     case = run.case
@@ -193,5 +210,5 @@ def check_verdicts(run: Run, tmp_path: Path) -> None:
         # stopped at step 459 (2,354 nodes in the window); the estimate of 800 bytes a node is
         # 12.7% above, so 8% still tells a measurement from the estimate
         (lk,) = report["leaks"]
-        heap = graph_malloc()["bytes_per_step"]
+        heap = shared_graph_malloc(tmp_path_factory)["bytes_per_step"]
         assert lk["node_bytes_measured"] is True and abs(lk["bytes_per_step"] - heap) <= 0.08 * heap, (lk, heap)

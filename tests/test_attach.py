@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json, torchrun
+from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
+from test_ranks import heavy_rank_run
 
 
-def attach(db: Path, *command: str, **kw: object) -> "subprocess.CompletedProcess[str]":  # noqa: F821
+def attach(db: Path, *command: str, **kw: object) -> subprocess.CompletedProcess[str]:
     return memscope("attach", "--headless", "--db", str(db), *command, **kw)  # type: ignore[arg-type]
 
 
@@ -68,9 +70,28 @@ def test_step_boundaries_by_mode(run_db: Path, mode: str, expected: int) -> None
         assert e0 == s1 and e1 > s1
 
 
-def test_exit_code_passes_through(run_db: Path) -> None:
-    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2", "--exit", "3")
-    assert out.returncode == 3
+Exit3 = tuple[subprocess.CompletedProcess[str], Path, Path]  # attach's result, the run file, the dump
+
+
+@pytest.fixture(scope="module")
+def exit_3_with_user_site(tmp_path_factory: pytest.TempPathFactory) -> Exit3:
+    """One run read by the two tests below: loop.py exiting with status 3, under a PYTHONPATH
+    holding the user's own sitecustomize.py (which sets a marker the script dumps)."""
+    d = tmp_path_factory.mktemp("exit3")
+    site = d / "site"
+    site.mkdir()
+    # the marker is the pid of the process it ran in: attach's own Python runs it too (the same
+    # PYTHONPATH), and its environment is the child's, so "yes" would pass with no chain at all
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = str(os.getpid())\n")
+    dump, db = d / "dump.json", d / "run.db"
+    out = attach(db, str(SCRIPTS / "loop.py"), "--steps", "2", "--exit", "3", "--dump", str(dump),
+                 env={"PYTHONPATH": str(site)})
+    return out, db, dump
+
+
+def test_exit_code_passes_through(exit_3_with_user_site: Exit3) -> None:
+    out, run_db, _ = exit_3_with_user_site
+    assert out.returncode == 3, out.stderr
     run = report_json(run_db)["run"]
     assert run["exit_code"] == 3 and run["steps"] == 2
 
@@ -78,8 +99,6 @@ def test_exit_code_passes_through(run_db: Path) -> None:
 def test_script_sees_what_plain_python_gives_it(tmp_path: Path) -> None:
     dump = tmp_path / "dump.json"
     script = str(SCRIPTS / "loop.py")
-    import subprocess
-
     subprocess.run([sys.executable, script, "--steps", "1", "--dump", str(dump), "x y"],
                    cwd=tmp_path, check=True, capture_output=True)
     a = json.loads(dump.read_text())
@@ -109,15 +128,12 @@ def test_module_mode_and_command_mode(tmp_path: Path) -> None:
     assert report["run"]["steps"] == 4 and report["run"]["command"][0] == sys.executable
 
 
-def test_users_sitecustomize_still_runs(tmp_path: Path, run_db: Path) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
-    dump = tmp_path / "dump.json"
-    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2", "--dump", str(dump),
-                 env={"PYTHONPATH": str(site)})
-    assert out.returncode == 0, out.stderr
-    assert json.loads(dump.read_text())["sitecustomize_marker"] == "yes"
+def test_users_sitecustomize_still_runs(exit_3_with_user_site: Exit3) -> None:
+    out, run_db, dump = exit_3_with_user_site  # the script's own exit status: 3
+    assert out.returncode == 3, out.stderr
+    with sqlite3.connect(run_db) as conn:
+        (pid,) = conn.execute("SELECT pid FROM processes").fetchone()
+    assert json.loads(dump.read_text())["sitecustomize_marker"] == str(pid)  # ran in the script's process
     assert report_json(run_db)["run"]["steps"] == 2  # and memscope's own bootstrap ran too
 
 
@@ -146,8 +162,10 @@ def test_sigkilled_child_still_reports(run_db: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # one self-contained file
 
 
-def test_torchrun_ranks_recorded_not_the_launcher(run_db: Path) -> None:
-    out = attach(run_db, "--", *torchrun(2), str(SCRIPTS / "ddp.py"), "--steps", "4")
+def test_torchrun_ranks_recorded_not_the_launcher(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # 2 ranks of tests/scripts/ddp.py, 4 steps (rank 1 keeps a buffer alive): the run
+    # tests/test_ranks.py reads, made once per session (tests/shared_runs.py)
+    run_db, out = heavy_rank_run(tmp_path_factory)
     assert out.returncode == 0, out.stderr
     with sqlite3.connect(run_db) as conn:
         rows = conn.execute(

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, cli, memscope
+from shared_runs import shared_attach
 
+# the leak runs: an inventory every 2 steps, 14 steps (tests/test_leaks.py, tests/test_leak_patch.py)
+LEAK_OPTIONS, LEAK_ARGS = ["--inventory-every", "2"], ["--steps", "14"]
 GPT = ["--steps", "4", "--eval-every", "0", "--batch", "8", "--seq", "96", "--layers", "2"]
 
 
@@ -63,12 +66,11 @@ def test_a_run_against_itself_has_no_delta(runs: tuple[Path, Path]) -> None:
     assert d["median_step_s"]["delta"] == 0
 
 
-def test_leak_fixed_in_b(tmp_path: Path) -> None:
+def test_leak_fixed_in_b(tmp_path_factory: pytest.TempPathFactory) -> None:
     dbs = []
     for name in ("detached_list", "healthy"):
-        db = tmp_path / f"{name}.db"
-        res = memscope("attach", "--headless", "--db", str(db), "--inventory-every", "2",
-                       str(EXAMPLES / "leaks" / f"{name}.py"), "--steps", "14")
+        # made once per session (tests/shared_runs.py): the leak tests read detached_list's too
+        db, res = shared_attach(tmp_path_factory, LEAK_OPTIONS, [f"examples/leaks/{name}.py", *LEAK_ARGS])
         assert res.returncode == 0, res.stderr
         dbs.append(db)
     d = diff_json(dbs[0], dbs[1])
@@ -87,10 +89,9 @@ def test_bad_input_one_line(runs: tuple[Path, Path], tmp_path: Path) -> None:
         assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
 
 
-def test_a_side_without_profiling_says_so(runs: tuple[Path, Path], tmp_path: Path) -> None:
-    db = tmp_path / "noprof.db"
-    res = memscope("attach", "--headless", "--db", str(db), "--layers-every", "0",
-                   str(EXAMPLES / "tiny_gpt.py"), *GPT)
+def test_a_side_without_profiling_says_so(runs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
+    # made once per session: tests/test_layers.py's default-cadence test reads it too
+    db, res = shared_attach(tmp_path_factory, ["--layers-every", "0"], ["examples/tiny_gpt.py", *GPT])
     assert res.returncode == 0, res.stderr
     d = diff_json(runs[0], db)
     assert d["activations"]["a"] > 0 and d["activations"]["b"] is None

@@ -27,6 +27,8 @@ from torch.utils.checkpoint import checkpoint
 import memscope
 from conftest import EXAMPLES, memscope as run_cli, report_json
 from memscope.analysis.hotspots import fold_name, hotspots
+from shared_runs import shared_attach
+from test_diff import GPT as NO_PROFILE_GPT
 
 F32 = 4
 
@@ -175,21 +177,19 @@ def test_fold_name() -> None:
 
 # -- cadence ---------------------------------------------------------------------------------
 
-def test_default_cadence_profiles_step_1_only(tmp_path: Path) -> None:
-    db = tmp_path / "c.db"
-    # as few steps as show the cadence (step 1 only, not 0 or 2-4; then every 3rd from 0)
-    out = run_cli("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"), "--steps", "5",
-                  "--eval-every", "0")
+def test_default_cadence_profiles_step_1_only(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # at the defaults: step 1 only, not 0 or 2-7 (the dashboard tests' 8-step run of tiny_gpt at
+    # default options, made once per session: tests/shared_runs.py); then every 3rd from 0
+    db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
     assert out.returncode == 0, out.stderr
-    assert profiled_steps(db) == [1]
+    assert profiled_steps(db) == [1] and report_json(db)["run"]["steps"] == 8
     db2 = tmp_path / "c2.db"
     out = run_cli("attach", "--headless", "--db", str(db2), "--layers-every", "3", "--layers-first", "0",
                   str(EXAMPLES / "tiny_gpt.py"), "--steps", "7", "--eval-every", "0")
     assert out.returncode == 0, out.stderr
     assert profiled_steps(db2) == [0, 3, 6]
-    db3 = tmp_path / "c3.db"
-    out = run_cli("attach", "--headless", "--db", str(db3), "--layers-every", "0",
-                  str(EXAMPLES / "tiny_gpt.py"), "--steps", "3")
+    # never: the run tests/test_diff.py compares against, made once per session
+    db3, out = shared_attach(tmp_path_factory, ["--layers-every", "0"], ["examples/tiny_gpt.py", *NO_PROFILE_GPT])
     assert out.returncode == 0, out.stderr
     assert profiled_steps(db3) == [] and report_json(db3)["hotspots"] == []
     bad = run_cli("attach", "--headless", "--db", str(tmp_path / "x.db"), "--layers-every", "-1",

@@ -16,8 +16,8 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return run_of(request.param, tmp_path_factory)
 
 
-def test_verdict_at_every_length(run: Run, tmp_path: Path) -> None:
-    check_verdicts(run, tmp_path)
+def test_verdict_at_every_length(run: Run, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    check_verdicts(run, tmp_path, tmp_path_factory)
 
 
 def test_detached_list_for_5000_steps(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, cli, memscope, report_json
+from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.analysis.leak_patch import patch_line
 from memscope.analysis.leaks import Leak
+from shared_runs import shared_attach
+from test_diff import LEAK_ARGS, LEAK_OPTIONS
 
 
 def leak(shape: list[int], grad_fn: str | None = "NllLossBackward0", every: float = 1.0) -> Leak:
@@ -56,7 +58,7 @@ def _digest(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def test_the_diff_applies_and_removes_the_leak(tmp_path: Path) -> None:
+def test_the_diff_applies_and_removes_the_leak(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A loss made inside forward and kept by a callback (minGPT's pattern): the diff patches the
     callback's line; the patched copy runs without a leak; the user's file is untouched."""
     script = SCRIPTS / "leaky_gpt.py"
@@ -81,9 +83,8 @@ def test_the_diff_applies_and_removes_the_leak(tmp_path: Path) -> None:
     assert report_json(db)["leaks"] and report_json(fixed)["leaks"] == []
     assert _digest(script) == before  # read, never written
     # a leak with no graph gets no patch, and says why
-    plain = tmp_path / "plain.db"
-    out = memscope("attach", "--headless", "--db", str(plain), str(ROOT / "examples" / "leaks" / "detached_list.py"),
-                   "--steps", "10")
+    # detached_list, made once per session (tests/shared_runs.py: tests/test_diff.py reads it too)
+    plain, out = shared_attach(tmp_path_factory, LEAK_OPTIONS, ["examples/leaks/detached_list.py", *LEAK_ARGS])
     assert out.returncode == 0, out.stderr
     text = cli("leaks", str(plain), "--diff").stdout
     assert "--- a/" not in text and "# no patch: its tensors carry no autograd graph" in text

@@ -19,10 +19,13 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, cli, graph_malloc, memscope, report_json
+from conftest import EXAMPLES, ROOT, cli, memscope, report_json
+from leak_lengths import shared_graph_malloc
 from memscope.analysis.leaks import Leak, find_leaks, growth
 from memscope.store.schema import SCHEMA_VERSION, migrate
 from memscope.units import human_bytes
+from shared_runs import shared_attach
+from test_diff import LEAK_ARGS, LEAK_OPTIONS
 
 LEAKS = EXAMPLES / "leaks"
 
@@ -144,7 +147,8 @@ def example_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     return case, db, report_json(db)
 
 
-def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any], Path, dict[str, Any]]) -> None:
+def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any], Path, dict[str, Any]],
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     case, db, report = example_run
     assert report["leak_check"] == {"inventories": report["leak_check"]["inventories"], "needed": 4,
                                     "verdict": "ok", "last_inventory_step": 39, "last_step": 39}
@@ -157,7 +161,7 @@ def test_leak_found_at_defaults_after_40_steps(example_run: tuple[dict[str, Any]
     assert lk["last_step"] == 39 and 2 <= lk["first_step"] <= 6
     if case["kind"] == "graph":  # one scalar whose retained autograd graph grows
         # against the same loop run without memscope: its graph walked, glibc's malloc counted
-        truth = graph_malloc()
+        truth = shared_graph_malloc(tmp_path_factory)  # measured once per session: test_leak_lengths reads it too
         assert lk["tensors_per_step"] == 0 and lk["graph_nodes_per_step"] == truth["nodes_per_step"]
         # 40 steps gain too few nodes to measure what one costs (analysis/node_cost.py's
         # MIN_NODES): the estimate NODE_BYTES, 12.7% above malloc's count; measured, and within
@@ -264,19 +268,21 @@ def test_never_none_without_looking(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no tensor inventory" in bad.stderr and "--inventory-every 0" in bad.stderr
 
 
-def test_leaks_cli_diff_and_errors(tmp_path: Path) -> None:
-    db = tmp_path / "run.db"
-    attach(db, LEAKS / "detached_list.py", "--steps", "12", options=("--inventory-every", "2"))
+def test_leaks_cli_diff_and_errors(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # detached_list, 14 steps, an inventory every 2: made once per session (tests/shared_runs.py),
+    # read by tests/test_diff.py and tests/test_leak_patch.py too
+    db, res = shared_attach(tmp_path_factory, LEAK_OPTIONS, ["examples/leaks/detached_list.py", *LEAK_ARGS])
+    assert res.returncode == 0, res.stderr
     out = cli("leaks", str(db), "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["inventoried_steps"] == [0, 2, 4, 6, 8, 10]
-    assert (doc["from"], doc["to"]) == (0, 10)
-    assert doc["leak_check"] == {"inventories": 5, "needed": 4, "verdict": "ok",
-                                 "last_inventory_step": 10, "last_step": 11}
+    assert doc["inventoried_steps"] == [0, 2, 4, 6, 8, 10, 12]
+    assert (doc["from"], doc["to"]) == (0, 12)
+    assert doc["leak_check"] == {"inventories": 6, "needed": 4, "verdict": "ok",
+                                 "last_inventory_step": 12, "last_step": 13}
     top = doc["diff"][0]
-    assert top["shape"] == [32, 256] and top["count_delta"] == 10
-    assert top["bytes_delta"] == 10 * 32 * 256 * 4
+    assert top["shape"] == [32, 256] and top["count_delta"] == 12
+    assert top["bytes_delta"] == 12 * 32 * 256 * 4
     assert doc["leaks"][0]["held_by"] == "__main__.features"
     out = cli("leaks", str(db), "--from", "4", "--to", "8", "--json")
     doc = json.loads(out.stdout)

@@ -17,6 +17,8 @@ import pytest
 from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.store.schema import SCHEMA_VERSION
 from conftest import free_port
+from shared_runs import shared_attach
+from test_diff import LEAK_ARGS, LEAK_OPTIONS
 from test_ranks import TORCHRUN
 
 MiB = 2 ** 20
@@ -161,15 +163,18 @@ def _edited_copy(src: Path, dst: Path, *sql: str) -> Path:
     return dst
 
 
-def test_unrelated_runs_are_refused_by_default(nodes: tuple[Path, Path], tmp_path: Path) -> None:
+def test_unrelated_runs_are_refused_by_default(nodes: tuple[Path, Path], tmp_path: Path,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
     """Two single-process runs of different scripts are not a 2-rank run; nor are node files of
     another world size, another program, or another time. Each: one line, exit 2, nothing written."""
     n0, n1 = nodes
     out = tmp_path / "m.db"
-    a, b = tmp_path / "a.db", tmp_path / "b.db"
-    for db, args in ((a, ["--steps", "3"]), (b, ["--steps", "4", "--mode", "backward"])):
-        res = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "loop.py"), *args)
-        assert res.returncode == 0, res.stderr
+    # two single-process runs other tests make once per session (tests/shared_runs.py), only read
+    # here: tiny_gpt (the dashboard's) and a leak example (tests/test_diff.py's)
+    runs = [shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"]),
+            shared_attach(tmp_path_factory, LEAK_OPTIONS, ["examples/leaks/detached_list.py", *LEAK_ARGS])]
+    assert all(res.returncode == 0 for _, res in runs), [res.stderr for _, res in runs]
+    a, b = (db for db, _ in runs)
 
     def refused(*inputs: Path, says: str) -> None:
         res = memscope("merge", str(out), *map(str, inputs))

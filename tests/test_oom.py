@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json
+from shared_runs import shared_attach
+from test_oom_at_failure import CATCH_OPTIONS, saved_model_run
 
 REQUEST = 3377699720527872
 
@@ -23,11 +25,13 @@ def attach(db: Path, *command: str, **kw: object) -> "subprocess.CompletedProces
     return memscope("attach", "--headless", "--db", str(db), *command, **kw)  # type: ignore[arg-type]
 
 
-def test_forward_oom_example(run_db: Path) -> None:
+def test_forward_oom_example(tmp_path_factory: pytest.TempPathFactory) -> None:
     script = str(EXAMPLES / "oom.py")
-    plain = subprocess.run([sys.executable, script, "--fail-step", "5"], capture_output=True, text=True,
+    plain = subprocess.run([sys.executable, script, "--fail-step", "3"], capture_output=True, text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    out = attach(run_db, script, "--fail-step", "5")
+    # the session's run of examples/oom.py (conftest's oom_example_run: the exports' and the
+    # dashboard's tests read it too), made once (tests/shared_runs.py)
+    run_db, out = shared_attach(tmp_path_factory, ["--sample-hz", "50"], ["examples/oom.py", "--fail-step", "3"])
     assert out.returncode == plain.returncode == 1, out.stderr
     assert "can't allocate memory" in out.stderr  # the script's own traceback, unchanged
     report = report_json(run_db)
@@ -39,20 +43,20 @@ def test_forward_oom_example(run_db: Path) -> None:
                                   "rank", "breakdown", "breakdown_step", "limit"}
     assert report["oom"]["rank"] is None
     oom = report["oom"]
-    assert oom["step"] == 5 and oom["phase"] == "forward" and oom["module"] == "expand"
+    assert oom["step"] == 3 and oom["phase"] == "forward" and oom["module"] == "expand"
     assert oom["requested_bytes"] == REQUEST
     assert oom["live_bytes"] > 0 and "can't allocate memory" in oom["message"]
-    assert report["run"]["steps"] == 5 and report["run"]["exit_code"] == 1
+    assert report["run"]["steps"] == 3 and report["run"]["exit_code"] == 1
     with sqlite3.connect(run_db) as conn:
-        assert conn.execute("SELECT step FROM steps WHERE status = 'failed'").fetchall() == [(5,)]
+        assert conn.execute("SELECT step FROM steps WHERE status = 'failed'").fetchall() == [(3,)]
         assert conn.execute("SELECT count(*) FROM events WHERE kind = 'oom'").fetchone()[0] == 1
     text = cli("oom", str(run_db))
     assert text.returncode == 0, text.stderr
-    assert "step 5, forward, in module expand (Expand)" in text.stdout
+    assert "step 3, forward, in module expand (Expand)" in text.stdout
     assert "requested 3072.00 TiB" in text.stdout and "host RSS" in text.stdout
     assert "a shape bug: the request is larger than any device" in text.stdout
     summary = cli("report", str(run_db))
-    assert "out of memory at step 5 (forward, expand)" in summary.stdout
+    assert "out of memory at step 3 (forward, expand)" in summary.stdout
 
 
 BACKWARD = '''
@@ -136,8 +140,9 @@ def test_caught_forward_oom_after_root_known(tmp_path: Path) -> None:
         assert [r[0] for r in conn.execute("SELECT step FROM steps ORDER BY step")] == list(range(6))
 
 
-def test_no_oom(run_db: Path) -> None:
-    out = attach(run_db, str(SCRIPTS / "loop.py"), "--steps", "2")
+def test_no_oom(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # a healthy run: the dashboard tests' 8-step tiny_gpt, made once per session (tests/shared_runs.py)
+    run_db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
     assert out.returncode == 0, out.stderr
     assert report_json(run_db)["oom"] is None
     text = cli("oom", str(run_db))
@@ -328,26 +333,13 @@ def test_optimizer_oom(tmp_path: Path) -> None:
     assert "step 2, optimizer" in text and "a shape bug" in text
 
 
-SAVE_WHOLE = """
-import io, sys, torch
-model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(3):
-    model(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
-buf = io.BytesIO()
-torch.save(model, buf)  # the whole module, hooks included
-print("saved", len(buf.getvalue()) > 0)
-"""
-
-
 @pytest.mark.parametrize("catch", [False, True])
-def test_whole_model_pickles_under_attach(tmp_path: Path, catch: bool) -> None:
-    script = tmp_path / "save.py"
-    script.write_text(SAVE_WHOLE)
-    extra = ["--catch-forward-oom", "--layers-first", "0"] if catch else []
-    out = attach(tmp_path / "s.db", *extra, str(script))
+def test_whole_model_pickles_under_attach(tmp_path_factory: pytest.TempPathFactory, catch: bool) -> None:
+    """torch.save of the whole module, its hooks included, under attach (made once per session:
+    tests/test_oom_at_failure.py loads the --catch-forward-oom run's model without memscope)."""
+    saved, out = saved_model_run(tmp_path_factory, CATCH_OPTIONS if catch else [], "plain")
     assert out.returncode == 0, out.stderr
-    assert "saved True" in out.stdout
+    assert f"saved {saved.stat().st_size} bytes" in out.stdout and saved.stat().st_size > 0
 
 
 DATA = Path(__file__).resolve().parent / "data"

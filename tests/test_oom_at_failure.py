@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from conftest import SCRIPTS, cli, memscope, report_json
+from shared_runs import shared_attach, shared_dir
 
 # A training loop that fails at step FAIL_STEP in MODE (forward: module ``boom``; backward: a
 # custom Function's backward; optimizer: its step) and writes its own count of what is live.
@@ -340,8 +341,8 @@ while steps < 16:
     steps += 1
     if not found and steps % 2 == 0:
         batch *= 2  # Lightning's "power" search: a few steps per trial, then double
-    if found and steps % 2 == 0:
-        break
+    if found:
+        break  # a step at the halved batch: the run went on
 print("batch", batch, "steps", steps)
 '''
 LIMIT = 2_000_000_000  # bytes of address space (ulimit -v)
@@ -360,7 +361,7 @@ def test_doubling_batch_under_a_memory_limit(tmp_path: Path) -> None:
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
-                          str(script), "131072"], capture_output=True, text=True, env=env, timeout=300,
+                          str(script), "262144"], capture_output=True, text=True, env=env, timeout=300,
                          preexec_fn=limit)
     assert out.returncode == 0 and "batch" in out.stdout, out.stderr
     events = oom_events(db)
@@ -374,29 +375,29 @@ def test_doubling_batch_under_a_memory_limit(tmp_path: Path) -> None:
     assert "by module activations live at the failure" in text
 
 
-SAVE_LOAD = '''
-import io, sys, torch
-model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(3):
-    model(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
-torch.save(model, sys.argv[1])
-scripted = torch.jit.script(model) if sys.argv[2] == "script" else None
-print("saved", scripted is not None)
-'''
 LOAD = "import sys, torch; m = torch.load(sys.argv[1], weights_only=False); print(m(torch.randn(1, 4)).shape)"
+CATCH_OPTIONS = ["--layers-first", "0", "--catch-forward-oom"]
 
 
-@pytest.mark.parametrize("flag", [[], ["--catch-forward-oom"]])
-def test_saved_model_loads_without_memscope(tmp_path: Path, flag: list[str]) -> None:
+def saved_model_run(tmp_path_factory: pytest.TempPathFactory, options: list[str],
+                    how: str) -> tuple[Path, "subprocess.CompletedProcess[str]"]:
+    """tests/scripts/save_model.py under attach with ``options``: the whole model saved by
+    ``torch.save`` (and ``torch.jit.script``ed where ``how`` is "script"). Made once per session
+    (tests/shared_runs.py): tests/test_oom.py reads the ``--catch-forward-oom`` run too."""
+    saved = shared_dir(tmp_path_factory) / f"model-{how}-{len(options)}.pt"
+    _, out = shared_attach(tmp_path_factory, options, ["tests/scripts/save_model.py", str(saved), how])
+    return saved, out
+
+
+@pytest.mark.parametrize("options", [["--layers-first", "0"], CATCH_OPTIONS])
+def test_saved_model_loads_without_memscope(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                            options: list[str]) -> None:
     """torch.save(model) under attach loads in a process that has no memscope; at default
     options the model carries no hook at all (torch.jit.script works)."""
-    script = tmp_path / "save.py"
-    script.write_text(SAVE_LOAD)
-    saved = tmp_path / "model.pt"
-    how = "script" if not flag else "plain"
-    out = attach(tmp_path / "s.db", "--layers-first", "0", *flag, str(script), str(saved), how)
+    how = "script" if options != CATCH_OPTIONS else "plain"
+    saved, out = saved_model_run(tmp_path_factory, options, how)
     assert out.returncode == 0 and "saved" in out.stdout, out.stderr
+    assert f"scripted {how == 'script'}" in out.stdout
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMSCOPE", "PYTHONPATH"))}
     loaded = subprocess.run([sys.executable, "-I", "-c", LOAD, str(saved)], capture_output=True, text=True,
                             env=env, cwd=tmp_path, timeout=120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import sqlite3
 import subprocess
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, cli, free_port, memscope, report_json
+from conftest import SCRIPTS, cli, free_port, memscope, report_json
 from memscope.analysis.ranks import RankSummary, imbalance, rank_summaries
 from memscope.store.reader import RunReader
+from shared_runs import shared_attach, shared_dir
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 MiB = 2 ** 20
@@ -28,6 +30,30 @@ def torchrun_attach(db: Path, *script_args: str, nproc: int = 2) -> subprocess.C
     return out
 
 
+def _session_port(tmp_path_factory: pytest.TempPathFactory, name: str) -> int:
+    """A rendezvous port picked once per session and kept in tests/shared_runs.py's directory, so
+    that both xdist workers ask for the same command (a shared run is keyed by its command)."""
+    where = shared_dir(tmp_path_factory)
+    with open(where / f"{name}.port.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = where / f"{name}.port"
+        if not kept.exists():
+            kept.write_text(str(free_port()))
+        return int(kept.read_text())
+
+
+def heavy_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """2-rank DDP under torchrun, rank 1 keeping 192 MiB more alive, 4 steps: made once per session
+    (tests/shared_runs.py), read here and by tests/test_attach.py (the ranks recorded, not the
+    launcher)."""
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    port = _session_port(tmp_path_factory, "heavy-rank")
+    return shared_attach(tmp_path_factory, [], [
+        "--", str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+        "tests/scripts/ddp.py", "--steps", "4", "--heavy-rank", "1", "--heavy-mb", "192"], timeout=240)
+
+
 def test_imbalance_is_spread_over_the_heaviest() -> None:
     def r(rank: int, peak: int | None) -> RankSummary:
         return RankSummary(rank, rank, "h", rank + 1, 3, peak, 1, 0.01, "stopped", False)
@@ -40,9 +66,8 @@ def test_imbalance_is_spread_over_the_heaviest() -> None:
     assert imbalance([r(0, 0), r(1, 0)]) is None
 
 
-def test_two_ranks_recorded_and_the_heavy_one_shows(tmp_path: Path) -> None:
-    db = tmp_path / "ddp.db"
-    out = torchrun_attach(db, "--steps", "4", "--heavy-rank", "1", "--heavy-mb", "192")
+def test_two_ranks_recorded_and_the_heavy_one_shows(tmp_path_factory: pytest.TempPathFactory) -> None:
+    db, out = heavy_rank_run(tmp_path_factory)
     assert out.returncode == 0, out.stderr
     rep = report_json(db)
     ranks = rep["ranks"]
@@ -84,13 +109,12 @@ def test_the_rank_that_ran_out_of_memory_is_named(tmp_path: Path) -> None:
                if ln.startswith("     "))
 
 
-def test_single_process_run_has_one_rank_and_no_table(tmp_path: Path) -> None:
-    db = tmp_path / "one.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"),
-                   "--steps", "3", "--eval-every", "0")
+def test_single_process_run_has_one_rank_and_no_table(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # the dashboard tests' 8-step run of tiny_gpt, made once per session (tests/shared_runs.py)
+    db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
     assert out.returncode == 0, out.stderr
     rep = report_json(db)
     assert len(rep["ranks"]) == 1 and rep["ranks"][0]["rank"] is None
-    assert rep["ranks"][0]["steps"] == rep["run"]["steps"] == 3
+    assert rep["ranks"][0]["steps"] == rep["run"]["steps"] == 8
     assert rep["rank_imbalance"] is None
     assert "ranks " not in cli("report", str(db)).stdout

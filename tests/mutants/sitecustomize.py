@@ -19,6 +19,15 @@ from typing import Any, Callable
 
 MUTANT = os.environ.get("TEST_MUTANT", "")
 ERROR = 1.01
+# "mutant=nodeid,...": several mutants planted in one pytest run, each firing only while its own
+# test runs (PYTEST_CURRENT_TEST, which a test's subprocesses inherit), so a test can fail only
+# by its own mutant; "mutant" alone fires everywhere
+_ONLY_IN = {part.partition("=")[0]: part.partition("=")[2] for part in MUTANT.split(",") if part}
+
+
+def _fires(what: str) -> bool:
+    test = _ONLY_IN.get(what)
+    return test == "" or (test is not None and os.environ.get("PYTEST_CURRENT_TEST", "").startswith(test + " "))
 
 
 def _planted(what: str) -> None:
@@ -36,6 +45,8 @@ def _fake_peak(mod: Any) -> None:
 
     def peak(self: Any) -> int:
         value = orig(self)
+        if not _fires("fake_peak"):
+            return value
         if value:
             _planted("fake_peak")
         return round(value * ERROR)
@@ -48,7 +59,7 @@ def _census_activations(mod: Any) -> None:
 
     def census(*args: Any, **kw: Any) -> Any:
         out = orig(*args, **kw)
-        if out and out.get("activations"):
+        if out and out.get("activations") and _fires("census_activations"):
             out["activations"] = round(out["activations"] * ERROR)
             _planted("census_activations")
         return out
@@ -61,6 +72,8 @@ def _layer_bytes(mod: Any) -> None:
 
     def end(self: Any) -> Any:
         stats = orig(self)
+        if not _fires("layer_bytes"):
+            return stats
         for st in stats:
             if st.saved_bytes:
                 st.saved_bytes = round(st.saved_bytes * ERROR)
@@ -90,11 +103,12 @@ class _Loader(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if MUTANT not in MUTANTS or name != MUTANTS[MUTANT][0]:
+        plants = [MUTANTS[m][1] for m in _ONLY_IN if m in MUTANTS and MUTANTS[m][0] == name]
+        if not plants:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, MUTANTS[MUTANT][1])
+            spec.loader = _Loader(spec.loader, plants[0])
         return spec
 
 
