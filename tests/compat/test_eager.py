@@ -1,5 +1,11 @@
 """Eager-mode features a training script may use, each run plain, under attach, and under
-attach at its most invasive settings (see harness.py for what is compared)."""
+attach at its most invasive settings (see harness.py for what is compared).
+
+The cases that step an optimizer run one after another in one process per arm
+(cases/several.py: each case's objects collected before the next starts), so torch is imported
+once per arm, not once per case; each test reads its case's results, output and layer rows from
+that one run. functional_call.py (no optimizer: its steps end with each backward, a mode the
+agent decides once, at a process's first backward) runs in processes of its own."""
 
 from __future__ import annotations
 
@@ -7,24 +13,43 @@ from pathlib import Path
 
 import pytest
 
-from harness import check, layer_rows, run_three
+from harness import Arm, check, layer_rows, run_three
 
 STEPS = 8
+# thread_loop first: its training on a worker thread meets an agent that has seen no step;
+# user_hooks last: its full backward hook keeps its model and optimizer alive to the end of the
+# process, and a live optimizer stays the one whose steps end memscope's steps
+SHARED = ["thread_loop.py", "checkpointing.py", "autocast.py", "channels_last.py",
+          "complex_sparse.py", "user_hooks.py"]
+ALONE = ["functional_call.py"]
 
 
-@pytest.mark.parametrize("script", [
-    "checkpointing.py", "autocast.py", "functional_call.py", "user_hooks.py",
-    "channels_last.py", "complex_sparse.py", "thread_loop.py",
-])
-def test_eager_feature(tmp_path: Path, script: str) -> None:
-    arms = run_three(tmp_path, script)
-    check(arms, tmp_path, STEPS)
-    rows = layer_rows(arms["invasive"].db)
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Arm], Path]:
+    tmp_path = tmp_path_factory.mktemp("eager")
+    return run_three(tmp_path, "several.py", SHARED), tmp_path
+
+
+@pytest.mark.parametrize("script", SHARED + ALONE)
+def test_eager_feature(shared: tuple[dict[str, Arm], Path], tmp_path: Path, script: str) -> None:
+    if script in ALONE:
+        arms = run_three(tmp_path, script)
+        check(arms, tmp_path, STEPS)
+        rows = layer_rows(arms["invasive"].db)
+        out = {name: arm.out for name, arm in arms.items()}
+    else:
+        arms, where = shared
+        check(arms, where, STEPS * len(SHARED))
+        assert set(arms["plain"].out) == set(SHARED)
+        # this case's last step, profiled in the invasive arm
+        rows = layer_rows(arms["invasive"].db, step=STEPS * SHARED.index(script) + STEPS - 1)
+        out = {name: arm.out[script] for name, arm in arms.items()}
     assert rows, "no module was profiled"
     if script == "user_hooks.py":  # the script's own hooks ran as often under memscope
-        seen = arms["plain"].out["seen"]
-        assert seen["pre"] == seen["post"] == STEPS and seen["backward"] == STEPS
-        assert seen["packed"] > 0 and seen["unpacked"] > 0
+        for name, results in out.items():
+            seen = results["seen"]
+            assert seen["pre"] == seen["post"] == STEPS and seen["backward"] == STEPS, (name, seen)
+            assert seen["packed"] > 0 and seen["unpacked"] > 0, (name, seen)
     if script == "checkpointing.py":
         # checkpointed blocks keep their names and each shows what checkpointing keeps (its
         # input: 16 x 32 float32), reentrant (block_a) or not (block_b, the first segment of
