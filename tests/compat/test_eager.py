@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import Arm, check, layer_rows, run_three
+from harness import Arm, check, layer_rows, read_rows, run_three
 
 STEPS = 8
-# thread_loop first: its training on a worker thread meets an agent that has seen no step;
-# user_hooks last: its full backward hook keeps its model and optimizer alive to the end of the
-# process, and a live optimizer stays the one whose steps end memscope's steps
-SHARED = ["thread_loop.py", "checkpointing.py", "autocast.py", "channels_last.py",
+# submodule_first first: its step 1 is the one step the default arm profiles (layers_first=1,
+# every 50), and the test of its names reads both arms; user_hooks last: its full backward hook
+# keeps its model and optimizer alive to the end of the process, and a live optimizer stays the
+# one whose steps end memscope's steps
+SHARED = ["submodule_first.py", "thread_loop.py", "checkpointing.py", "autocast.py", "channels_last.py",
           "complex_sparse.py", "user_hooks.py"]
 ALONE = ["functional_call.py"]
 
@@ -30,7 +31,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Arm], Pa
     return run_three(tmp_path, "several.py", SHARED), tmp_path
 
 
-@pytest.mark.parametrize("script", SHARED + ALONE)
+@pytest.mark.parametrize("script", [s for s in SHARED if s != "submodule_first.py"] + ALONE)
 def test_eager_feature(shared: tuple[dict[str, Arm], Path], tmp_path: Path, script: str) -> None:
     if script in ALONE:
         arms = run_three(tmp_path, script)
@@ -60,3 +61,21 @@ def test_eager_feature(shared: tuple[dict[str, Arm], Path], tmp_path: Path, scri
         assert rows[""][2] == 0  # the caller keeps nothing of its own
         assert not [m for m in rows if m.startswith("<") and m != "<no module>"], sorted(rows)
         assert all(calls == 1 for m, (_, calls, _) in rows.items() if m != "<no module>"), rows
+
+
+def test_names_are_the_outer_models_when_a_submodule_is_called_first(
+        shared: tuple[dict[str, Arm], Path]) -> None:
+    """An edge of the agent's contract (cases/submodule_first.py): a model held by another
+    module, its first layer called on its own before the whole model, and a loss module."""
+    arms, where = shared
+    check(arms, where, STEPS * len(SHARED))
+    first = STEPS * SHARED.index("submodule_first.py")
+    for name in ("default", "invasive"):
+        assert arms[name].db is not None
+        profiled = read_rows(arms[name].db, "SELECT MAX(step) FROM layer_stats WHERE step < ?",
+                             (first + STEPS,))[0][0]
+        assert profiled is not None and profiled >= first, (name, profiled)  # a step of this case
+        rows = layer_rows(arms[name].db, step=profiled)
+        assert {"net", "net.0", "net.1", "net.2", "CrossEntropyLoss"} <= set(rows), sorted(rows)
+        assert rows["net.0"][1] == 2  # on its own, then inside the model
+        assert not [m for m in rows if m[:1].isdigit() or ":" in m], sorted(rows)
