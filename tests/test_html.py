@@ -120,12 +120,10 @@ def screenshot(page: Path, tmp_path: Path) -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("oom") / "run.db"
-    out = memscope("attach", "--headless", "--sample-hz", "50", "--layers-every", "1", "--db",
-                   str(db), str(EXAMPLES / "oom.py"), "--fail-step", "4")
-    assert out.returncode == 1, out.stderr
-    return db
+def oom_run(oom_example_run: Path) -> Path:
+    """examples/oom.py failing in the forward of step 3, the run the export and dashboard tests
+    read too (made once per session: tests/conftest.py); the page only reads it."""
+    return oom_example_run
 
 
 def write_html(db: Path, tmp_path: Path, *extra: str) -> tuple[Path, str]:
@@ -155,7 +153,7 @@ def test_html_report_content(oom_run: Path, tmp_path: Path) -> None:
     (poly,) = re.findall(r'<polyline class="series"[^>]* points="([^"]+)"', text)
     assert len(poly.split()) == len(points) > 3
     assert 'class="oom"' in text and 'class="peak"' in text
-    assert "Out of memory" in text and "step 4, forward, expand" in text
+    assert "Out of memory" in text and "step 3, forward, expand" in text
     assert "a shape bug" in text and "3072.00 TiB" in text
     # hotspots: the modules the analysis ranks, in its order
     with RunReader(oom_run) as reader:

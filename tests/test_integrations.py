@@ -15,10 +15,11 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from conftest import ROOT, cli, memscope
+from conftest import cli, memscope
 
 LIGHTNING = '''
 import json, sys
@@ -27,6 +28,10 @@ import lightning.pytorch as pl
 from memscope.integrations.lightning import MemscopeCallback
 
 db = sys.argv[1] if len(sys.argv) > 1 else None
+try:  # a bad option fails when the callback is made, before any training
+    MemscopeCallback(sample_hz=-1)
+except ValueError as e:
+    print("refused:", e)
 
 class Tiny(pl.LightningModule):
     def __init__(self):
@@ -104,17 +109,37 @@ def last_json(stdout: str) -> dict[str, int]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+Started = tuple[Path, "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Started]:
+    """framework -> its script run once with the callback starting memscope (the run file and
+    the process): read by the test of that run and, for Lightning, by the bad-option test."""
+    done: dict[str, Started] = {}
+
+    def run(framework: str) -> Started:
+        if framework not in done:
+            module, source, _, _ = FRAMEWORKS[framework]
+            needs(module)
+            where = tmp_path_factory.mktemp(framework)
+            script = where / "train.py"
+            script.write_text(source)
+            db = where / "run.db"
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+            argv = [sys.executable, str(script), str(db)] + ([str(where / "out")] if framework == "huggingface" else [])
+            done[framework] = db, subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True,
+                                                 timeout=300)
+        return done[framework]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
-def test_callback_starts_memscope(framework: str, tmp_path: Path) -> None:
-    module, source, name, optimizer_steps = FRAMEWORKS[framework]
-    needs(module)
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    db = tmp_path / "run.db"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    argv = [sys.executable, str(script), str(db)] + ([str(tmp_path / "out")] if framework == "huggingface" else [])
-    out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+def test_callback_starts_memscope(framework: str, started: Callable[[str], Started]) -> None:
+    _, _, name, optimizer_steps = FRAMEWORKS[framework]
+    db, out = started(framework)
     assert out.returncode == 0, out.stderr[-3000:]
     assert last_json(out.stdout)["global_step"] == optimizer_steps
     f = facts(db)
@@ -149,11 +174,9 @@ def test_callback_under_attach_only_marks_steps(framework: str, tmp_path: Path) 
     assert f["run_status"] == "finished"
 
 
-def test_bad_option_fails_at_construction() -> None:
-    needs("lightning")
-    code = ("from memscope.integrations.lightning import MemscopeCallback\n"
-            "try:\n    MemscopeCallback(sample_hz=-1)\nexcept ValueError as e:\n    print('refused:', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "refused: sample_hz must be between" in out.stdout
+def test_bad_option_fails_at_construction(started: Callable[[str], Started]) -> None:
+    """The Lightning script makes a callback with a bad option first (the run the test above
+    reads): a ValueError at construction, which the script catches and prints."""
+    _, out = started("lightning")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("refused: sample_hz must be between"), out.stdout[-3000:]

@@ -1,11 +1,12 @@
-"""Edges of the agent's contract with the training: a stop from another thread, names when a
-submodule is called first, and a leak found under torch.compile without touching its graphs."""
+"""Edges of the agent's contract with the training: a stop from another thread, and a leak found
+under torch.compile without touching its graphs. (Names when a submodule is called first:
+test_eager.py, in its shared run.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness import check, equal_tensors, layer_rows, normalise, report, run_arm, run_three
+from harness import equal_tensors, normalise, report, run_arm
 
 
 def test_stop_from_the_main_thread_leaves_nothing_on_the_training_thread(tmp_path: Path) -> None:
@@ -17,16 +18,6 @@ def test_stop_from_the_main_thread_leaves_nothing_on_the_training_thread(tmp_pat
     # and the worker removed both itself, at its next Python call
     assert facts["stack_after"] == 0 and not facts["traced_after"], facts
     assert arm.training_stderr.strip() == "compat: end of script", arm.stderr
-
-
-def test_names_are_the_outer_models_when_a_submodule_is_called_first(tmp_path: Path) -> None:
-    arms = run_three(tmp_path, "submodule_first.py")
-    check(arms, tmp_path, 8)
-    for name in ("default", "invasive"):
-        rows = layer_rows(arms[name].db)
-        assert {"net", "net.0", "net.1", "net.2", "CrossEntropyLoss"} <= set(rows), sorted(rows)
-        assert rows["net.0"][1] == 2  # on its own, then inside the model
-        assert not [m for m in rows if m[:1].isdigit() or ":" in m], sorted(rows)
 
 
 def test_a_leak_under_compile_is_found_without_recompiling(tmp_path: Path) -> None:

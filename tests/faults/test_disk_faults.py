@@ -74,10 +74,13 @@ def test_directory_turns_read_only_during_the_run(tmp_path: Path) -> None:
     where = tmp_path / "runs"
     where.mkdir()
     db = where / "run.db"
+    go = tmp_path / "go"  # the training holds before step 5 until the directory is read-only
     with bind(where) as read_only:
-        proc = start_attach(db, LOOP, "--steps", "40", "--sleep", "0.05", "--exit", "3")
+        proc = start_attach(db, LOOP, "--steps", "40", "--hold-at", "5", "--hold-file", str(go),
+                            "--exit", "3")
         wait_steps(db, 5, proc)
         read_only()
+        go.touch()
         code, _out, err = finish(proc)
         assert code == 3 and "Traceback" not in err, err
         assert "cannot record the end of the run" in err and "read-only" in err, err

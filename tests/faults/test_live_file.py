@@ -21,11 +21,21 @@ from memscope.store.reader import RunReader
 pytestmark = pytest.mark.timeout(180)
 
 
+def held(tmp_path: Path, steps: int, at: int) -> tuple[list[str], Path]:
+    """The loop's words for a run of ``steps`` that holds before step ``at`` until the returned
+    file exists: live for as long as the test needs, then no waiting. The file is made beside
+    ``tmp_path``, not in it (a test looks for files left behind there)."""
+    go = tmp_path.with_name(f"{tmp_path.name}-go-{at}-{steps}")
+    return [LOOP, "--steps", str(steps), "--hold-at", str(at), "--hold-file", str(go)], go
+
+
 def test_force_refuses_a_live_runs_file(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
-    first = start_attach(db, LOOP, "--steps", "40", "--sleep", "0.05")
+    words, go = held(tmp_path, 40, 3)
+    first = start_attach(db, *words)
     wait_steps(db, 3, first)
     second = memscope("attach", "--headless", "--force", "--db", str(db), LOOP, "--steps", "2")
+    go.touch()
     assert second.returncode != 0
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and "still being recorded" in lines[0] and "--force" in lines[0], second.stderr
@@ -33,7 +43,7 @@ def test_force_refuses_a_live_runs_file(tmp_path: Path) -> None:
     assert code == 0, err
     assert steps_recorded(db) == list(range(40))  # the first run's file, whole
     data = report(db)
-    assert data["run"]["command"][-3:] == ["40", "--sleep", "0.05"] and data["run"]["status"] == "finished"
+    assert data["run"]["command"][-6:-4] == ["--steps", "40"] and data["run"]["status"] == "finished"
 
 
 def test_force_refuses_a_file_another_process_holds_locked(tmp_path: Path) -> None:
@@ -64,9 +74,11 @@ def test_a_file_moved_onto_the_run_path_is_never_written(tmp_path: Path, other: 
         conn = sqlite3.connect(stranger)
         conn.executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1), (2);")
         conn.close()
-    run = start_attach(db, LOOP, "--steps", "60", "--sleep", "0.03")
+    words, go = held(tmp_path, 60, 5)
+    run = start_attach(db, *words)
     wait_steps(db, 5, run)
     os.replace(stranger, db)
+    go.touch()
     code, _out, err = finish(run)
     assert code == 0
     assert "was replaced by another file during the run" in err and "not touched" in err
@@ -83,9 +95,11 @@ def test_a_file_moved_onto_the_run_path_is_never_written(tmp_path: Path, other: 
 
 def test_a_deleted_run_file_is_not_recreated(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
-    run = start_attach(db, LOOP, "--steps", "60", "--sleep", "0.03")
+    words, go = held(tmp_path, 60, 5)
+    run = start_attach(db, *words)
     wait_steps(db, 5, run)
     os.remove(db)
+    go.touch()
     code, _out, err = finish(run)
     assert code == 0
     assert "was deleted during the run" in err and "nothing was written in its place" in err
@@ -94,7 +108,8 @@ def test_a_deleted_run_file_is_not_recreated(tmp_path: Path) -> None:
 
 def test_merge_refuses_inputs_still_being_written(tmp_path: Path) -> None:
     a, b = tmp_path / "a.db", tmp_path / "b.db"
-    runs = [start_attach(db, LOOP, "--steps", "40", "--sleep", "0.1") for db in (a, b)]
+    words, go = held(tmp_path, 40, 2)  # both hold at step 2 until the merges are done
+    runs = [start_attach(db, *words) for db in (a, b)]
     for db, run in zip((a, b), runs):
         wait_steps(db, 2, run)
     res = memscope("merge", str(tmp_path / "m.db"), str(a), str(b), "--allow-unrelated")
@@ -104,6 +119,7 @@ def test_merge_refuses_inputs_still_being_written(tmp_path: Path) -> None:
     res = memscope("merge", str(tmp_path / "m.db"), str(a), str(b), "--allow-unrelated", "--allow-live")
     assert res.returncode == 0, res.stderr
     assert "merged while still being written" in res.stderr and str(a) in res.stderr
+    go.touch()
     for run in runs:
         assert finish(run)[0] == 0
     res = memscope("merge", str(tmp_path / "m2.db"), str(a), str(b), "--allow-unrelated")

@@ -89,25 +89,32 @@ def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
     proc = attach(db, "--sleep", "0.005")  # short steps: the training ends behind the lock
     wait_steps(db, 20, proc)
     lock = Lock(db)
-    released = threading.Event()
+    said: list[str] = []
+    waits = threading.Event()
 
-    def release_later() -> None:
+    def read_stderr() -> None:  # attach's stderr, line by line, until it says it waits
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said.append(line)
+            if "is locked by another process" in line:
+                waits.set()
+                return
+
+    listener = threading.Thread(target=read_stderr, daemon=True)
+    listener.start()
+    try:
         # the training ends behind the lock; attach then waits for it, however long
-        try:
-            wait_until(lambda: _training_gone(proc.pid), timeout=90, what="the training to end")
-            assert spill_files(str(db))  # its last rows wait there
-            assert status_now(db) == "running"  # the supervisor still finishes it
-            time.sleep(2.5)  # longer than attach's first try (1 s): it says it waits
-            assert status_now(db) == "running"
-        finally:
-            lock.release()
-            released.set()
-
-    t = threading.Thread(target=release_later)
-    t.start()
+        wait_until(lambda: _training_gone(proc.pid), timeout=90, what="the training to end")
+        assert spill_files(str(db))  # its last rows wait there
+        assert status_now(db) == "running"  # the supervisor still finishes it
+        # attach's first try (1 s) finds the lock: it says so on stderr, and waits on
+        assert waits.wait(timeout=90), "".join(said)[-3000:]
+        assert status_now(db) == "running"
+    finally:
+        lock.release()
+    listener.join(timeout=30)
     code, _out, err = finish(proc)
-    t.join()
-    assert released.is_set()
+    err = "".join(said) + err
     assert code == 0, err
     assert "is locked by another process" in err and "waiting" in err  # said on stderr
     assert steps_recorded(db) == list(range(STEPS))

@@ -110,7 +110,8 @@ def test_dashboard_follows_training_and_stays_until_q(pane: Pane, tmp_path: Path
 def test_quitting_the_dashboard_leaves_training_running(pane: Pane, tmp_path: Path) -> None:
     db = tmp_path / "loop.db"
     go = tmp_path / "go"  # the training holds before step 60 until the test creates it
-    pane.start(attach_command(db, "tests/scripts/loop.py", "--steps", "120", "--sleep", "0.05",
+    # short steps: the hold keeps it live while the test looks, the 60 after it take no waiting
+    pane.start(attach_command(db, "tests/scripts/loop.py", "--steps", "120", "--sleep", "0.005",
                               "--hold-at", "60", "--hold-file", str(go)))
     pane.wait_for(lambda s: "live" in s and " steps" in s, what="the live dashboard")
     pane.keys("q")
