@@ -325,7 +325,7 @@ class Agent:
         (an NVML reading can take milliseconds)."""
         if not self.running:
             return
-        if not wait and time.time() - self._sampled_at < 0.5 / self.options.sample_hz:
+        if not wait and not self._boundary_sample_due():
             # steps far shorter than the sampling interval: the step row's own reading at this
             # boundary (end_rss, the step's peak) stands for it; a sample per boundary of 2,000
             # steps a second cost a /proc read and a row each
@@ -336,6 +336,11 @@ class Agent:
             self._sample_once()
         finally:
             self._tick_lock.release()
+
+    def _boundary_sample_due(self) -> bool:
+        """Whether a step boundary takes a sample: not when the last one (the sampler's or a
+        boundary's) is younger than half the sampling interval (see :meth:`_tick`)."""
+        return time.time() - self._sampled_at >= 0.5 / self.options.sample_hz
 
     def _sample_once(self) -> None:
         t = self._sampled_at = time.time()
@@ -431,7 +436,7 @@ class Agent:
             self._step_part("layers", self._layers_close, step)
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
-        if time.time() - self._sampled_at >= 0.5 / self.options.sample_hz:  # see _tick
+        if self._boundary_sample_due():
             self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
         mem = self._step_part("memory reading", self._rss.rss_vms)
