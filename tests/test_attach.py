@@ -139,7 +139,9 @@ def test_users_sitecustomize_still_runs(exit_3_with_user_site: Exit3) -> None:
 
 @pytest.mark.parametrize("spawn", [False, True])
 def test_dataloader_workers_are_not_instrumented(run_db: Path, spawn: bool) -> None:
-    extra = ["--spawn"] if spawn else []
+    # the fork arm also starts torch's Inductor compile-worker entry (on a GPU torch.compile
+    # starts that pool with the training's environment): one process recorded, not two
+    extra = ["--spawn"] if spawn else ["--inductor-worker"]
     out = attach(run_db, str(SCRIPTS / "loop.py"), "--mode", "backward", "--steps", "5",
                  "--workers", "2", *extra)
     assert out.returncode == 0, out.stderr

@@ -4,6 +4,8 @@
 --exit CODE (exit with it at the end) ; --sleep S (per step) ; --kill-self-at N (SIGKILL self)
 --dump FILE (write argv, sys.path[0], __name__, cwd as JSON) ; --workers N [--spawn] (DataLoader)
 --hold-at N --hold-file FILE (before step N, wait until FILE exists: a test decides when it goes on)
+--inductor-worker (first start torch's real Inductor compile-worker entry, as torch.compile does on
+a GPU, asking it only for --help: it imports torch, then exits)
 """
 
 import argparse
@@ -32,6 +34,7 @@ def main():
     p.add_argument("--spawn", action="store_true")
     p.add_argument("--hold-at", type=int, default=-1)
     p.add_argument("--hold-file")
+    p.add_argument("--inductor-worker", action="store_true")
     p.add_argument("rest", nargs="*", help="ignored; lets tests pass odd arguments through")
     args = p.parse_args()
 
@@ -39,6 +42,11 @@ def main():
         with open(args.dump, "w") as f:
             json.dump({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
                        "sitecustomize_marker": os.environ.get("USER_SITECUSTOMIZE_RAN")}, f)
+
+    if args.inductor_worker:
+        import subprocess
+        entry = os.path.join(os.path.dirname(torch.__file__), "_inductor", "compile_worker", "__main__.py")
+        subprocess.run([sys.executable, entry, "--help"], check=True, stdout=subprocess.DEVNULL)
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))

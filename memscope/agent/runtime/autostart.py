@@ -38,9 +38,24 @@ def _is_multiprocessing_child() -> bool:
         or "--multiprocessing-fork" in sys.argv
 
 
+def _is_torch_helper() -> bool:
+    """torch's own helper processes (Inductor's compile-worker pool, its autotune subprocess):
+    torch starts them as ``python <torch>/_inductor/.../file.py``, with the training's
+    environment, so the bootstrap runs there too. They train nothing; recorded, each would be
+    one more "rank" of the run (seen on a GPU, where torch.compile starts the pool)."""
+    torch = sys.modules.get("torch")
+    main = sys.argv[0] if sys.argv else ""
+    if torch is None or not main or not getattr(torch, "__file__", None):
+        return False
+    inductor = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "_inductor") + os.sep
+    return os.path.abspath(main).startswith(inductor)
+
+
 def should_instrument() -> tuple[bool, str]:
     if _is_multiprocessing_child():
         return False, "multiprocessing child (a DataLoader worker, say)"
+    if _is_torch_helper():
+        return False, "torch's own helper process (Inductor's compile workers)"
     skip = os.environ.get(ENV_SKIP_CHILD_OF)
     if skip and skip == str(os.getppid()):
         return False, "launcher process (torchrun); its workers are recorded"
