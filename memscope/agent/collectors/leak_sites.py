@@ -58,6 +58,7 @@ from memscope.agent.torchcompat.compiled import CompileWatch, compile_used, is_c
 from memscope.agent.torchcompat.module_names import module_path
 from memscope.agent.torchcompat.unseen import unseen
 from memscope.agent.torchcompat.handles import remove_quietly
+from memscope.agent.torchcompat.storages import storage_address
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -300,7 +301,7 @@ class SiteCapture:
             if self._stack and self._stack[-1] is module:
                 self._stack.pop()
             if isinstance(output, torch.Tensor):
-                ptr = output.untyped_storage().data_ptr()
+                ptr = storage_address(output.untyped_storage())
                 if ptr:
                     self._outputs[ptr] = (weakref.ref(output), weakref.ref(module))
         except Exception:
@@ -327,11 +328,11 @@ class SiteCapture:
             return
         self._per_sig[sig] += 1
         module = None
-        ptr = out.untyped_storage().data_ptr()
+        ptr = storage_address(out.untyped_storage())
         produced = self._outputs.get(ptr)
         if produced is not None:
             o = produced[0]()
-            if o is not None and o.untyped_storage().data_ptr() == ptr:
+            if o is not None and storage_address(o.untyped_storage()) == ptr:
                 module = produced[1]
             del o
         cand = _Candidate(sig, weakref.ref(out), _where(frame.f_code.co_filename, frame.f_lineno),

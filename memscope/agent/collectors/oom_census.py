@@ -34,6 +34,7 @@ from typing import Any, Iterable
 from memscope.agent.collectors.inventory.graph import saved_attr_names
 from memscope.agent.torchcompat.optimizer_state import optimizer_state_tensors
 from memscope.agent.torchcompat.unseen import unseen
+from memscope.agent.torchcompat.storages import storage_address
 
 MAX_SECONDS = 3.0  # wall time for the whole census (typically tens of milliseconds)
 MAX_NODES = 400_000  # autograd graph nodes walked
@@ -142,7 +143,7 @@ class _Counter:
             elif t.device.type != "cpu":
                 return None
             s = t.untyped_storage()
-            ptr = s.data_ptr()
+            ptr = storage_address(s)
             if ptr == 0:
                 return None
             return ptr, int(s.nbytes())

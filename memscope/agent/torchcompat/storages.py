@@ -39,3 +39,12 @@ def storages(t: torch.Tensor) -> list[tuple[Any, int]]:
         # a fake (FakeTensorMode) sparse part's storage says 0 bytes: its size is still known
         out.append((st, max(int(st.nbytes()), p.numel() * p.element_size())))
     return out
+
+
+def storage_address(s: Any) -> int:
+    """The address of a storage's memory, 0 for one without memory. A meta storage (a
+    FakeTensor's: torch.compile keeps some alive in its caches) answers 0 without being asked
+    for its data pointer, which on a FakeTensor's storage warns into the program's output."""
+    if s.device.type == "meta":
+        return 0
+    return int(s.data_ptr())

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from memscope.constants import NODE_BYTES
+from memscope.agent.torchcompat.storages import storage_address
 
 MAX_GRAPH_NODES = 200_000  # autograd nodes walked per inventory, all graphs together
 __all__ = ["GraphWalker", "MAX_GRAPH_NODES", "NODE_BYTES"]
@@ -136,7 +137,7 @@ class GraphWalker:
             return 0
         try:
             s = value.untyped_storage()
-            ptr = s.data_ptr()
+            ptr = storage_address(s)
             if not ptr:
                 return 0
             if ptr == own or ptr in self.excluded or ptr in self.charged:

@@ -32,6 +32,7 @@ from memscope.agent.collectors.inventory.live import LiveTensors
 from memscope.agent.collectors.inventory.preserved import preserved_refs
 from memscope.agent.torchcompat.optimizer_state import optimizer_state_tensors
 from memscope.agent.torchcompat.unseen import unseen
+from memscope.agent.torchcompat.storages import storage_address
 
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
@@ -80,9 +81,8 @@ def _storage(t: Any) -> tuple[int, int] | None:
     """(storage address, storage bytes) of a tensor with storage, else None. The address alone
     names a storage: host and CUDA devices share one virtual address space (UVA)."""
     try:
-        s = t.untyped_storage()
-        ptr = s.data_ptr()
-        if not ptr:  # meta, empty
+        ptr = storage_address(s := t.untyped_storage())
+        if not ptr:  # meta (a FakeTensor too), empty
             return None
         return ptr, int(s.nbytes())
     except Exception:  # sparse, wrapper subclasses, fake tensors, freed storages
@@ -172,6 +172,7 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     tensors = live.tensors()
     inv.full = live.last_full
     param_type = torch.nn.Parameter
+    tensor_type = torch.Tensor
     picked: dict[Signature, list[Any]] = {}
     s: Any = None
     try:
@@ -195,7 +196,9 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
                 if refcount(t) <= limit and (t._use_count() > 1 or (graph_saved and id(t) in graph_saved)):
                     continue  # only its graph holds it (a hook's alias: one Python reference, autograd's)
                 s = t.untyped_storage()
-                ptr = s.data_ptr()
+                # a subclass may be a FakeTensor (meta storage: asking its data pointer warns)
+                tt = type(t)
+                ptr = s.data_ptr() if tt is tensor_type or tt is param_type else storage_address(s)
                 if not ptr:  # meta, empty
                     continue
                 if ptr in seen:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from memscope.agent.collectors.cuda import allocated_and_peak
+from memscope.agent.torchcompat.storages import storage_address
 
 
 def tensor_tree_bytes(obj: Any, depth: int = 0) -> int:
@@ -28,8 +29,7 @@ def tensor_tree_bytes(obj: Any, depth: int = 0) -> int:
 
 def storage_key(t: torch.Tensor) -> tuple[int, int]:
     """(device hash, data pointer) of the storage behind ``t``: one key per storage."""
-    s = t.untyped_storage()
-    return hash(t.device), s.data_ptr()
+    return hash(t.device), storage_address(t.untyped_storage())
 
 
 def tensors(obj: Any, depth: int = 0) -> list[Any]:
