@@ -43,11 +43,11 @@ def _is_torch_helper() -> bool:
     torch starts them as ``python <torch>/_inductor/.../file.py``, with the training's
     environment, so the bootstrap runs there too. They train nothing; recorded, each would be
     one more "rank" of the run (seen on a GPU, where torch.compile starts the pool)."""
-    torch = sys.modules.get("torch")
+    where = getattr(sys.modules.get("torch"), "__file__", None)
     main = sys.argv[0] if sys.argv else ""
-    if torch is None or not main or not getattr(torch, "__file__", None):
+    if not where or not main:
         return False
-    inductor = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "_inductor") + os.sep
+    inductor = os.path.join(os.path.dirname(os.path.abspath(where)), "_inductor") + os.sep
     return os.path.abspath(main).startswith(inductor)
 
 
