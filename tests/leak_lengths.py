@@ -75,7 +75,9 @@ CASES: dict[str, Case] = {
                         _line(GPT, "history.append(self.loss)"), steps=400),
     "gpt_callback": Case(GPT, ["--leak", "callback"], "__main__.kept_losses",
                          _line(GPT, "kept_losses.append(trainer.loss)"), steps=400),
-    "gpt_eval": Case(GPT, ["--leak", "eval"], "__main__.eval_outputs", None, steps=400,
+    # kept every 30 steps: the site is found by a capture retried with a longer window
+    "gpt_eval": Case(GPT, ["--leak", "eval"], "__main__.eval_outputs",
+                     _line(GPT, "eval_outputs.append(logits)"), steps=400,
                      truth_steps=(10, 70), first_by=95, tolerance=0.3),
     "gpt_total": Case(GPT, ["--leak", "total"], "__main__.Trainer.run.<locals>.total_loss",
                       _line(GPT, "total_loss += self.loss"), steps=400),

@@ -183,7 +183,8 @@ class LeakCollector:
             was_capturing = self.sites.capturing
             self.sites.start_pending()
             if self.sites.capturing and not was_capturing:
-                self._sites_cleanup = 4  # capture, capture2, store, resolved: then clean up
+                # the capture steps, store, resolved: then clean up
+                self._sites_cleanup = self.sites.window + 2
         except Exception as exc:
             self._sites_failed(exc)
 

@@ -1,9 +1,9 @@
 """Where a suspect leak's tensors come from: creation site (``file:line``) and module, on CPU.
 
 Armed only once an inventory marks a group as a suspect (it grew at the last inventories), for
-that group's signature, over three step boundaries:
+that group's signature, over a few step boundaries:
 
-* **capture** (two steps from the arming boundary: a boundary at ``optimizer.step()`` falls
+* **capture** (two steps from the arming boundary, the first time: a boundary at ``optimizer.step()`` falls
   between a step's forward and the code after its optimizer step, where things are often
   stored, so one step would see each part from a different iteration): a ``TorchFunctionMode`` sees the outermost
   torch call the script makes (``torch.randn``, ``t.detach()``, ``F.cross_entropy`` ...) and, for a
@@ -20,9 +20,12 @@ that group's signature, over three step boundaries:
 * **resolve** (one full step after the capture steps): candidates that died were temporaries of a
   step (``x = torch.randn(...)`` replaced by the next step's); the survivors are the leaked tensors.
   Their site (store line, else creation line) and module are the answer for the signature.
+  When none survived (a leak kept every N steps, at evaluations, outside the window), the
+  signature is armed again with a longer capture window (:data:`WINDOWS`: 8, then 32, then 64
+  steps); after the last it goes without a site (the leak is still reported, with its holder).
 
-Cost: Python-level work on every torch call of two steps and a trace call per Python call for up
-to three steps, once per suspect; nothing at all otherwise. Only weak references to tensors are
+Cost: Python-level work on every torch call of the capture steps and a trace call per Python call
+for one more step, once per suspect (and per retry); nothing at all otherwise. Only weak references to tensors are
 kept; the frame is never kept (the tracer receives it per event).
 
 ``torch.compile``: a function mode on the stack is part of Dynamo's guards (pushing one would
@@ -59,6 +62,7 @@ from memscope.agent.torchcompat.module_names import module_path
 from memscope.agent.torchcompat.unseen import unseen
 from memscope.agent.torchcompat.handles import remove_quietly
 from memscope.agent.torchcompat.storages import storage_address
+from memscope.agent.collectors.inventory.holders import clear_frame_snapshots
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -71,7 +75,11 @@ class Site(NamedTuple):
     module: str | None
 
 
-MAX_CANDIDATES = 32  # per signature, in the capture step
+MAX_CANDIDATES = 32  # live per signature, in the capture steps (dead ones make room)
+# capture windows (steps) of an arming and its retries: a signature whose capture found no
+# surviving candidate (a leak that grows every N steps, at evaluations, between the capture's
+# steps) is armed again with the next, longer window; after the last, it goes without a site
+WINDOWS = (2, 8, 32, 64)
 _SKIP_DIRS = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch,) if getattr(m, "__file__", None))
 _MEMSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -146,6 +154,9 @@ class SiteCapture:
         self._tracing = False
         self._thread: int | None = None
         self._pending: set[Signature] = set()
+        self._tries: dict[Signature, int] = {}  # armings so far (index into WINDOWS)
+        self._capture_left = 0  # capture boundaries left in this arming
+        self.window = 0  # this arming's capture steps
         self.results: dict[Signature, Site] = {}
         self._watch = CompileWatch(self._on_compiled)
         self.skipped: str | None = None  # why the last arming did not happen, if it did not
@@ -165,10 +176,11 @@ class SiteCapture:
         is in progress (they wait for it to end)."""
         if self._phase is None and self._pending:
             sigs, self._pending = self._pending, set()
-            self.arm(sigs)
+            self.arm(sigs, max(WINDOWS[min(self._tries.get(s, 0), len(WINDOWS) - 1)] for s in sigs))
 
-    def arm(self, sigs: set[Signature]) -> None:
-        """Start capturing for ``sigs`` now (the step that starts at this boundary)."""
+    def arm(self, sigs: set[Signature], steps: int = WINDOWS[0]) -> None:
+        """Start capturing for ``sigs`` now (the step that starts at this boundary), for
+        ``steps`` steps (at least two: see the module doc)."""
         if self._phase is not None:
             return
         armed: dict[tuple[Any, ...], Signature] = {}
@@ -197,6 +209,9 @@ class SiteCapture:
         self._hooks = [_nn_module.register_module_forward_pre_hook(self._pre),
                        _nn_module.register_module_forward_hook(self._post)]
         self._watch.install()
+        for sig in armed.values():
+            self._tries[sig] = self._tries.get(sig, 0) + 1
+        self.window = self._capture_left = max(2, steps)
         self._phase = "capture"
         self.capturing = True
         _ACTIVE[:] = [self]
@@ -210,7 +225,9 @@ class SiteCapture:
         """At a step boundary: move capture -> store -> resolved. Returns the signatures
         resolved at this boundary, else {}."""
         if self._phase == "capture":
-            self._phase = "capture2"
+            self._capture_left -= 1
+            if self._capture_left <= 1:
+                self._phase = "capture2"  # the last capture step
             return {}
         if self._phase == "capture2":
             self._stop_capture()
@@ -321,7 +338,7 @@ class SiteCapture:
         key = (tuple(out.shape), str(out.dtype).replace("torch.", ""), str(out.device),
                bool(out.requires_grad), type(fn).__name__ if fn is not None else None)
         sig = self._armed.get(key)
-        if sig is None or self._per_sig[sig] >= MAX_CANDIDATES:
+        if sig is None or (self._per_sig[sig] >= MAX_CANDIDATES and not self._room(sig)):
             return
         frame = _user_frame(caller)
         if frame is None:
@@ -339,6 +356,12 @@ class SiteCapture:
                           module)
         self._candidates.append(cand)
         self._trace(frame, cand)
+
+    def _room(self, sig: Signature) -> bool:
+        """Drop ``sig``'s dead candidates (a long window's temporaries); whether one more fits."""
+        self._candidates = [c for c in self._candidates if c.sig != sig or c.ref() is not None]
+        self._per_sig[sig] = sum(1 for c in self._candidates if c.sig == sig)
+        return self._per_sig[sig] < MAX_CANDIDATES
 
     # -- the line that stores a candidate --------------------------------------------------------
 
@@ -361,6 +384,9 @@ class SiteCapture:
 
     def _resolve(self) -> dict[Signature, "Site"]:
         by_sig: dict[Signature, list[_Candidate]] = {}
+        # the line tracers read frames' f_locals: those snapshots still hold the last capture
+        # step's temporaries (a loop's `logits` from then), which would pass for survivors
+        clear_frame_snapshots()
         alive = [c for c in self._candidates if c.ref() is not None]  # survived a whole step
         held = _held_in_containers([c.ref() for c in alive])
         for c in alive:
@@ -378,6 +404,11 @@ class SiteCapture:
             mods.clear()
             out[sig] = Site(site, created, name)
         self.results.update(out)
+        # nothing of a signature survived: its tensors are kept every N steps, not in these;
+        # armed again with a longer window (when none is left, it goes without a site)
+        for sig in set(self._armed.values()) - set(out):
+            if self._tries.get(sig, 0) < len(WINDOWS):
+                self._pending.add(sig)
         return out
 
 
