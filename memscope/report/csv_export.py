@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, TextIO
 from memscope.errors import UserError
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
                                        joined_chunks, write_chunk)
+from memscope.report.table_text import columns_of, typed_line
 from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
@@ -135,11 +136,17 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     cond, after = "", ()
     if floats_round_trip(reader.conn):
         # each line made by SQLite (what _cell and csv.writer do, per value, in C), a chunk of
-        # lines joined there; a REAL as 18 significant digits, which parse back to its double
-        line = csv_line([(_quoted(c), declared.upper() not in ("INTEGER", "REAL"))
-                         for c, declared in _declared(reader, table)])
+        # lines joined there; a REAL as 18 significant digits, which parse back to its double.
+        # The typed line first (memscope/report/table_text.py), the line for any value after a
+        # chunk that it does not fit: the same text
+        declared = columns_of(reader, _quoted(table))
+        line = csv_line([(c.name, c.declared not in ("INTEGER", "REAL")) for c in declared])
+        typed = typed_line(reader, _quoted(table), declared)
+        first, check, checked, params = typed or (line, "1", (), {})
+        fallback = ((line, "1"),) if typed else ()
         try:
-            for text, count in joined_chunks(reader, line, _quoted(table), "1", ("rowid",), {}, ""):
+            for text, count in joined_chunks(reader, first, _quoted(table), "1", ("rowid",), params, "", check,
+                                             checked, fallback=fallback):
                 write_chunk(out, text)
                 n += count
             return n
@@ -153,11 +160,6 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
         w.writerows(batch)
         n += len(batch)
     return n
-
-
-def _declared(reader: RunReader, table: str) -> list[tuple[str, str]]:
-    """(column, declared type) of ``table`` in the file, in order."""
-    return [(r["name"], str(r["type"] or "")) for r in reader.query(f"PRAGMA table_info({_quoted(table)})")]
 
 
 def _quoted(name: str) -> str:
