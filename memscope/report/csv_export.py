@@ -12,8 +12,10 @@
   file's own column names (so a spreadsheet sees the same data as SQL would).
 
 Rows are streamed from SQLite, their text made there a chunk at a time (memscope/report/
-sql_text.py): nothing is held in memory. Integers are exact; a table's REAL has 18 significant
-digits (it reads back to the same double); timeline times are rounded to the microsecond.
+sql_text.py, a table's typed where its values allow: table_text.py): nothing is held in memory.
+Integers are exact; a table's REAL has 18 significant digits (it reads back to the same double);
+timeline times are rounded to the microsecond. A directory's files are written side by side, one
+a core (file_lanes.py), each through a new file renamed into place.
 
 A run file can come from someone else: only the tables memscope's schema knows are written (a
 table name never becomes a path), every file lands inside the directory (a symlink there is
@@ -25,12 +27,13 @@ numbers stay numbers.
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import os
+import sqlite3
 from typing import Any, Callable, Iterator, TextIO
 
 from memscope.errors import UserError
+from memscope.report.file_lanes import Job, write_files
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
                                        joined_chunks, write_chunk)
 from memscope.report.table_text import columns_of, typed_line
@@ -38,6 +41,7 @@ from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
 
+TIMELINE_TABLES = ("samples", "cuda_samples", "cuda_samples", "nvml_samples")  # its rows' (cuda: 2 a row)
 TIMELINE_COLUMNS = ["rank", "proc", "time_s", "unix_time", "step", "phase", "metric", "device",
                     "bytes"]
 SKIP_TABLES = {"migrations"}  # schema bookkeeping, not run data
@@ -183,33 +187,24 @@ def write_directory(reader: RunReader, directory: str) -> dict[str, int]:
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserError(f"export: --csv {directory}: exists and is not a directory")
     os.makedirs(directory, exist_ok=True)
-    written: dict[str, int] = {}
-    written["timeline.csv"] = _write_inside(directory, "timeline.csv", lambda f: write_timeline(reader, f))
-    for table in tables(reader):
-        name = f"{table}.csv"
-        written[name] = _write_inside(directory, name, functools.partial(write_table, reader, table))
-    return written
+    jobs = [Job("timeline.csv", 8 * sum(_rows(reader, t) for t in TIMELINE_TABLES))]
+    jobs += [Job(f"{t}.csv", len(reader.columns(t)) * _rows(reader, t)) for t in tables(reader)]
+    return write_files(reader, directory, jobs, f"{__name__}:write_named")
 
 
-def _write_inside(directory: str, name: str, write: Callable[..., int]) -> int:
-    """Write ``directory/name`` through a new file beside it, renamed over the name: a symlink
-    already at that name is replaced, never written through."""
-    if os.path.basename(name) != name or name in (".", ".."):  # known tables only; checked anyway
-        raise UserError(f"export: refusing to write {name!r}: not a plain file name")
-    path = os.path.join(directory, name)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+def write_named(reader: RunReader, name: str, out: TextIO) -> int:
+    """Write the directory's file ``name`` (``timeline.csv`` or ``TABLE.csv``) to ``out``."""
+    if name == "timeline.csv":
+        return write_timeline(reader, out)
+    return write_table(reader, name.removesuffix(".csv"), out)
+
+
+def _rows(reader: RunReader, table: str) -> int:
+    """About how many rows ``table`` holds (its largest rowid: no scan); 0 if unknown."""
     try:
-        with open(fd, "w", newline="", encoding="utf-8") as f:
-            n = write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    return n
+        return int(reader.conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {_quoted(table)}").fetchone()[0])
+    except (sqlite3.Error, TypeError, ValueError):
+        return 0
 
 
 def _cell(v: Any) -> Any:
