@@ -14,10 +14,12 @@ from typing import TextIO
 import pytest
 
 from memscope.errors import UserError
-from memscope.report import file_lanes
+from memscope.report import csv_export, file_lanes
+from memscope.report.sql_text import lenient_text
 from memscope.report.file_lanes import Job, write_files
 from memscope.store.reader import RunReader
 
+BIG = file_lanes.ONE_LANE_BELOW  # a cost worth a child
 WRITER = f"{__name__}:write"  # a child imports this module (the parent's sys.path is its PYTHONPATH)
 
 
@@ -39,7 +41,7 @@ def write(reader: RunReader, name: str, out: TextIO) -> int:
 @pytest.mark.parametrize("lanes, costs", [(1, (1, 5, 3)), (2, (1, 5, 3)), (2, (5, 3, 1)), (3, (1, 1, 1))])
 def test_files_before_the_first_failure_are_left(oom_example_run: Path, tmp_path: Path, lanes: int,
                                                  costs: tuple[int, int, int]) -> None:
-    jobs = [Job(n, c) for n, c in zip(["a.csv", "fail.csv", "c.csv"], costs)]
+    jobs = [Job(n, c * BIG) for n, c in zip(["a.csv", "fail.csv", "c.csv"], costs)]
     with RunReader(oom_example_run) as reader, pytest.raises(UserError, match="damaged in"):
         write_files(reader, str(tmp_path), jobs, WRITER, lanes=lanes)
     assert sorted(os.listdir(tmp_path)) == ["a.csv"] and (tmp_path / "a.csv").read_text().startswith("a.csv\n")
@@ -48,7 +50,7 @@ def test_files_before_the_first_failure_are_left(oom_example_run: Path, tmp_path
 @pytest.mark.parametrize("lanes", [1, 2, 4])
 def test_every_file_written(oom_example_run: Path, tmp_path: Path, lanes: int) -> None:
     (tmp_path / "b.csv").symlink_to(tmp_path / "elsewhere")  # replaced, never written through
-    jobs = [Job(f"{n}.csv", i) for i, n in enumerate("abcde")]
+    jobs = [Job(f"{n}.csv", i * BIG) for i, n in enumerate("abcde")]
     with RunReader(oom_example_run) as reader:
         assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=lanes) == {j.name: 2 for j in jobs}
     assert sorted(os.listdir(tmp_path)) == [j.name for j in jobs]
@@ -60,17 +62,38 @@ def test_every_file_written(oom_example_run: Path, tmp_path: Path, lanes: int) -
 def test_a_child_that_cannot_start_leaves_its_share_here(oom_example_run: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    jobs = [Job(f"{n}.csv", 1) for n in "abc"]
+    jobs = [Job(f"{n}.csv", BIG) for n in "abc"]
     with RunReader(oom_example_run) as reader:
         assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=2) == {j.name: 2 for j in jobs}
     assert {(tmp_path / j.name).read_text().split()[1] for j in jobs} == {str(os.getpid())}
 
 
 def test_an_interrupt_ends_the_children(oom_example_run: Path, tmp_path: Path) -> None:
-    jobs = [Job("a.csv", 1), Job("endless.csv", 5), Job("interrupt.csv", 9)]  # endless and a: the child's
+    jobs = [Job("a.csv", BIG), Job("endless.csv", 5 * BIG), Job("interrupt.csv", 9 * BIG)]  # the child: endless, a
     assert file_lanes._share(jobs, 2) == [["interrupt.csv"], ["endless.csv", "a.csv"]]
     began = time.perf_counter()
     with RunReader(oom_example_run) as reader, pytest.raises(KeyboardInterrupt):
         write_files(reader, str(tmp_path), jobs, WRITER, lanes=2)
     assert time.perf_counter() - began < 10
     assert os.listdir(tmp_path) == []
+
+
+def test_a_small_export_starts_no_child(oom_example_run: Path, tmp_path: Path) -> None:
+    jobs = [Job(f"{n}.csv", BIG // 4) for n in "abc"]
+    with RunReader(oom_example_run) as reader:
+        write_files(reader, str(tmp_path), jobs, WRITER, lanes=2)
+    assert {(tmp_path / j.name).read_text().split()[1] for j in jobs} == {str(os.getpid())}
+
+
+def test_a_real_run_side_by_side(oom_example_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CSV directory of a real run from two lanes (a child writes some of the files): the same
+    bytes as from one."""
+    out: dict[int, dict[str, bytes]] = {}
+    for lanes in (1, 2):
+        monkeypatch.setattr(file_lanes, "cores", lambda lanes=lanes: lanes)
+        monkeypatch.setattr(file_lanes, "ONE_LANE_BELOW", 0)
+        with RunReader(oom_example_run) as reader:
+            reader.conn.text_factory = lenient_text
+            written = csv_export.write_directory(reader, str(tmp_path / str(lanes)))
+        out[lanes] = {name: (tmp_path / str(lanes) / name).read_bytes() for name in written}
+    assert out[1] == out[2] and len(out[1]) > 10 and all(out[1].values())

@@ -26,6 +26,7 @@ from memscope.report.sql_text import lenient_text
 from memscope.store.reader import RunReader
 
 MAX_LANES = 4  # the export's big files: the timeline, steps, samples, layer_stats
+ONE_LANE_BELOW = 1_000_000  # jobs' cost (cells) under which a child's start (0.08 CPU s) is not worth it
 
 Writer = Callable[[RunReader, str, TextIO], int]  # (reader, file name, out) -> data rows
 
@@ -45,13 +46,14 @@ def cores() -> int:
 def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str, lanes: int = 0) -> dict[str, int]:
     """Write every job's file into ``directory`` with ``writer`` (``module:function``, a
     :data:`Writer`, importable by a child); return {name: data rows}. ``lanes``: 0 one a core
-    (at most :data:`MAX_LANES`), 1 one file after the other, in this process."""
+    (at most :data:`MAX_LANES`), 1 one file after the other, in this process (so is a small
+    export, under :data:`ONE_LANE_BELOW`)."""
     for job in jobs:
         if os.path.basename(job.name) != job.name or job.name in (".", ".."):  # known tables only; checked anyway
             raise UserError(f"export: refusing to write {job.name!r}: not a plain file name")
     temps = {job.name: f"{os.path.join(directory, job.name)}.tmp{os.getpid()}" for job in jobs}
-    if reader.conn.text_factory not in (str, lenient_text):  # a child reads as the CLI does
-        lanes = 1
+    if reader.conn.text_factory not in (str, lenient_text) or sum(j.cost for j in jobs) < ONE_LANE_BELOW:
+        lanes = 1  # a child reads as the CLI does; a small export is done before a child starts
     shares = _share(jobs, min(lanes or min(cores(), MAX_LANES), len(jobs)))
     done: dict[str, int | BaseException] = {}
     children: list[subprocess.Popen[bytes]] = []
