@@ -36,7 +36,7 @@ from memscope.errors import UserError
 from memscope.report.file_lanes import Job, write_files
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
                                        joined_chunks, write_chunk)
-from memscope.report.table_text import columns_of, typed_line
+from memscope.report.table_text import columns_of, typed_lines
 from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
@@ -145,9 +145,9 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
         # chunk that it does not fit: the same text
         declared = columns_of(reader, _quoted(table))
         line = csv_line([(c.name, c.declared not in ("INTEGER", "REAL")) for c in declared])
-        typed = typed_line(reader, _quoted(table), declared)
-        first, check, checked, params = typed or (line, "1", (), {})
-        fallback = ((line, "1"),) if typed else ()
+        typed = typed_lines(reader, _quoted(table), declared)
+        first, check, checked, params = typed[0] if typed else (line, "1", (), {})
+        fallback = (*((t.line, t.check) for t in typed[1:]), (line, "1")) if typed else ()
         try:
             for text, count in joined_chunks(reader, first, _quoted(table), "1", ("rowid",), params, "", check,
                                              checked, fallback=fallback):

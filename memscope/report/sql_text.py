@@ -157,22 +157,25 @@ def printf_line(cells: list[tuple[str | None, str]]) -> str:
     """SQL: one CSV line (with its newline) of two cells or more, each (conversion, expression):
     runs of cells with a printf conversion (``%s``, ``%!.18g``) go through one printf (cheaper
     than ``||`` per cell); a cell without one (text, which may hold a NUL character: printf's
-    ``%s`` would end it there) is joined with ``||``."""
+    ``%s`` would end it there) is joined with ``||``. A cell with the conversion ``""`` is
+    always empty (no expression)."""
     parts: list[str] = []
-    fmt, args = "", []  # the open printf run
+    fmt, args = "", []  # the open printf run (its format may hold only commas)
     for i, (conversion, expr) in enumerate(cells):
         comma = "," if i else ""
         if conversion is not None:
             fmt += comma + conversion
-            args.append(expr)
+            if conversion:
+                args.append(expr)
             continue
         if args:
             parts.append(f"printf('{fmt}{comma}', {', '.join(args)})")
-            fmt, args = "", []
-        elif comma:
-            parts.append("','")
+        elif fmt or comma:
+            parts.append(f"'{fmt}{comma}'")
+        fmt, args = "", []
         parts.append(expr)
-    parts.append(f"printf('{fmt}' || char(10), {', '.join(args)})" if args else "char(10)")
+    parts.append(f"printf('{fmt}' || char(10), {', '.join(args)})" if args else
+                 f"'{fmt}' || char(10)" if fmt else "char(10)")
     return " || ".join(parts)
 
 

@@ -9,14 +9,16 @@ which writes such values byte for byte as that one does:
 * a REAL column: ``%!.18g`` in the line's own printf (NOT NULL), or the nested printf without
   the type CASE (nullable);
 * any other column: a value among the column's plain words (the commonest text of its first
-  chunk made only of ``[A-Za-z0-9_.]``: nothing to quote or guard) as it is, else as any value.
+  chunk made only of ``[A-Za-z0-9_.]``: nothing to quote or guard) as it is, else as any value;
+* first of all, a number column with no value in the first chunk: an empty cell, no argument.
 
 Its condition, an aggregate over the chunk in the same query (joined_chunks' ``check``), holds
 only when every INTEGER value is an integer or NULL (``sum()`` is an integer: a REAL, text or
 blob makes it REAL; an overflow is an error, taken as failing) and every REAL value a REAL, not
 NULL where declared NOT NULL (their maximum is a REAL: text and blobs sort above numbers; a REAL
-column's affinity makes any number a REAL). A chunk that fails it is made by the line for any
-value, and so is every chunk after it (``fallback``).
+column's affinity makes any number a REAL), and the empty cells' columns NULL. A chunk that fails
+it is made by the next line (the typed line with every number column, then the line for any
+value), and so is every chunk after it (``fallback``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import re
 import sqlite3
 from typing import NamedTuple
 
-from memscope.report.sql_text import CHUNK, REAL_TEXT, csv_cell, printf_line
+from memscope.report import sql_text
+from memscope.report.sql_text import REAL_TEXT, csv_cell, printf_line
 from memscope.store.reader import RunReader
 
 PLAIN = re.compile(rb"[A-Za-z0-9_.]+")  # no CSV quoting, no formula guard: written as it is
@@ -51,17 +54,29 @@ def columns_of(reader: RunReader, table: str) -> list[Column]:
             for _, name, declared, not_null, *_ in reader.conn.execute(f"PRAGMA table_info({table})")]
 
 
-def typed_line(reader: RunReader, table: str, columns: list[Column]) -> TypedLine | None:
-    """The typed line of ``table`` (quoted) and its condition; None for a one-column table (its
-    empty line is spelled ``""``: the line for any value handles it)."""
+def typed_lines(reader: RunReader, table: str, columns: list[Column]) -> list[TypedLine]:
+    """The typed lines of ``table`` (quoted) to try in turn: the first with the number columns
+    that are NULL throughout the first chunk as constant empty cells (steps' CUDA columns on a
+    CPU run), if any; none for a one-column table (its empty line is spelled ``""``: the line
+    for any value handles it)."""
     if len(columns) < 2:
-        return None
+        return []
+    typed = typed_line(reader, table, columns)
+    nulls = _null_columns(reader, table, columns)
+    return [typed_line(reader, table, columns, nulls), typed] if nulls else [typed]
+
+
+def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tuple[str, ...] = ()) -> TypedLine:
+    """The typed line of ``table`` (quoted) and its condition; ``nulls``: number columns written
+    as empty cells, the condition that they are NULL in the chunk (one aggregate for them all)."""
     cells: list[tuple[str | None, str]] = []
-    checks: list[str] = []
+    checks = [f"count(coalesce({', '.join(nulls)}, NULL)) = 0"] if nulls else []
     params: dict[str, str] = {}
     for i, c in enumerate(columns):
         q = c.name
-        if c.declared == "INTEGER":
+        if q in nulls:
+            cells.append(("", ""))
+        elif c.declared == "INTEGER":
             cells.append(("%s", q))
             checks.append(f"typeof(sum({q})) IN ('integer', 'null')")
         elif c.declared == "REAL" and c.not_null:
@@ -82,6 +97,20 @@ def typed_line(reader: RunReader, table: str, columns: list[Column]) -> TypedLin
     return TypedLine(printf_line(cells), " AND ".join(checks) or "1", checked, params)
 
 
+def _null_columns(reader: RunReader, table: str, columns: list[Column]) -> tuple[str, ...]:
+    """The number columns with no value in the table's first chunk (which has rows)."""
+    numbers = [c.name for c in columns if c.declared in ("INTEGER", "REAL")]
+    if not numbers:
+        return ()
+    try:
+        n, *counts = reader.conn.execute(
+            f"SELECT count(*), {', '.join(f'count({q})' for q in numbers)} FROM"
+            f" (SELECT {', '.join(numbers)} FROM {table} ORDER BY rowid LIMIT ?)", (sql_text.CHUNK,)).fetchone()
+    except sqlite3.DatabaseError:  # a damaged page: the line for any value meets it
+        return ()
+    return tuple(q for q, k in zip(numbers, counts) if n and k == 0)
+
+
 def _plain_words(reader: RunReader, table: str, column: str) -> list[str]:
     """The commonest plain text values of ``column`` in the table's first chunk."""
     conn = reader.conn
@@ -91,7 +120,7 @@ def _plain_words(reader: RunReader, table: str, column: str) -> list[str]:
             f"SELECT v FROM (SELECT {column} AS v FROM {table} ORDER BY rowid LIMIT ?)"
             " WHERE typeof(v) = 'text' AND length(v) <= 64 AND NOT instr(v, char(0))"
             " AND v NOT GLOB '*[^A-Za-z0-9_.]*' GROUP BY v ORDER BY count(*) DESC, v LIMIT ?",
-            (CHUNK, WORDS)).fetchall()
+            (sql_text.CHUNK, WORDS)).fetchall()
     except sqlite3.DatabaseError:  # a damaged page: the line for any value meets it
         return []
     finally:
