@@ -59,9 +59,10 @@ def test_every_file_written(oom_example_run: Path, tmp_path: Path, lanes: int) -
     assert len(pids) == lanes and str(os.getpid()) in pids  # this process and its children
 
 
-def test_a_child_that_cannot_start_leaves_its_share_here(oom_example_run: Path, tmp_path: Path,
+@pytest.mark.parametrize("python", ["/bin/false", "/no/such/python"])  # it fails; it cannot start
+def test_a_child_that_cannot_start_leaves_its_share_here(oom_example_run: Path, tmp_path: Path, python: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "executable", "/bin/false")
+    monkeypatch.setattr(sys, "executable", python)
     jobs = [Job(f"{n}.csv", BIG) for n in "abc"]
     with RunReader(oom_example_run) as reader:
         assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=2) == {j.name: 2 for j in jobs}

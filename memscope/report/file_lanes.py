@@ -56,7 +56,7 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
         lanes = 1  # a child reads as the CLI does; a small export is done before a child starts
     shares = _share(jobs, min(lanes or min(cores(), MAX_LANES), len(jobs)))
     done: dict[str, int | BaseException] = {}
-    children: list[subprocess.Popen[bytes]] = []
+    children: list[subprocess.Popen[bytes] | None] = []
     try:
         stopped: BaseException | None = None
         try:
@@ -85,7 +85,7 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
             raise stopped
         return written
     finally:
-        for child in children:  # ended already, unless this process was interrupted
+        for child in filter(None, children):  # ended already, unless this process was interrupted
             if child.poll() is None:
                 child.kill()
             child.wait()
@@ -104,25 +104,29 @@ def _share(jobs: list[Job], lanes: int) -> list[list[str]]:
     return [s for s in shares if s] or [[]]
 
 
-def _start(path: str, lenient: bool, writer: str, files: list[tuple[str, str]]) -> subprocess.Popen[bytes]:
+def _start(path: str, lenient: bool, writer: str, files: list[tuple[str, str]]) -> subprocess.Popen[bytes] | None:
     # the child imports what this process imported (the same memscope, wherever it came from)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     args = [sys.executable, "-m", __name__, writer, path, "lenient" if lenient else "str"]
-    return subprocess.Popen([*args, *(f"{name}={tmp}" for name, tmp in files)], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        return subprocess.Popen([*args, *(f"{name}={tmp}" for name, tmp in files)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError:  # no interpreter to start (an embedded Python): this process does the share
+        return None
 
 
-def _results(child: subprocess.Popen[bytes], share: list[str], reader: RunReader, writer: str,
+def _results(child: subprocess.Popen[bytes] | None, share: list[str], reader: RunReader, writer: str,
              temps: dict[str, str]) -> dict[str, int | BaseException]:
     """A child's outcome per file; its files written here instead if it could not say (a child
     that did not start, or died)."""
-    out, _ = child.communicate()
-    try:
-        results: dict[str, int | BaseException] = pickle.loads(out)  # from our own child
-        if child.returncode == 0 and isinstance(results, dict) and set(results) == set(share):
-            return results
-    except Exception:
-        pass
+    if child is not None:
+        out, _ = child.communicate()
+        try:
+            results: dict[str, int | BaseException] = pickle.loads(out)  # from our own child
+            if child.returncode == 0 and isinstance(results, dict) and set(results) == set(share):
+                return results
+        except Exception:
+            pass
     redone: dict[str, int | BaseException] = {}
     for name in share:
         _remove(temps[name])
