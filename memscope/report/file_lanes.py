@@ -26,7 +26,7 @@ from memscope.report.sql_text import lenient_text
 from memscope.store.reader import RunReader
 
 MAX_LANES = 4  # the export's big files: the timeline, steps, samples, layer_stats
-ONE_LANE_BELOW = 1_000_000  # jobs' cost (cells) under which a child's start (0.08 CPU s) is not worth it
+ONE_LANE_BELOW = 1_000_000  # cells, about a child's start (0.08 CPU s): a smaller export is not shared
 
 Writer = Callable[[RunReader, str, TextIO], int]  # (reader, file name, out) -> data rows
 
@@ -94,9 +94,10 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
 
 
 def _share(jobs: list[Job], lanes: int) -> list[list[str]]:
-    """The jobs' names in ``lanes`` lanes: biggest first, each to the least loaded lane."""
+    """The jobs' names in ``lanes`` lanes: biggest first, each to the least loaded lane (a
+    child's lane starts later: its start counts as work)."""
     shares: list[list[str]] = [[] for _ in range(max(lanes, 1))]
-    load = [0] * len(shares)
+    load = [0] + [ONE_LANE_BELOW] * (len(shares) - 1)
     for job in sorted(jobs, key=lambda job: -job.cost):
         lane = load.index(min(load))
         shares[lane].append(job.name)
