@@ -67,6 +67,13 @@ def test_a_child_that_cannot_start_leaves_its_share_here(oom_example_run: Path, 
     with RunReader(oom_example_run) as reader:
         assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=2) == {j.name: 2 for j in jobs}
     assert {(tmp_path / j.name).read_text().split()[1] for j in jobs} == {str(os.getpid())}
+    # and a failure in its share, done here, is raised as the first in order
+    jobs = [Job("a.csv", 3 * BIG), Job("b.csv", BIG), Job("fail.csv", BIG), Job("z.csv", BIG)]
+    assert file_lanes._share(jobs, 2)[1] == ["b.csv", "fail.csv"]  # the child's share
+    (tmp_path / "out").mkdir()
+    with RunReader(oom_example_run) as reader, pytest.raises(UserError, match=f"damaged in {os.getpid()}"):
+        write_files(reader, str(tmp_path / "out"), jobs, WRITER, lanes=2)
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.csv", "b.csv"]
 
 
 def test_an_interrupt_ends_the_children(oom_example_run: Path, tmp_path: Path) -> None:

@@ -131,7 +131,10 @@ def _results(child: subprocess.Popen[bytes] | None, share: list[str], reader: Ru
     redone: dict[str, int | BaseException] = {}
     for name in share:
         _remove(temps[name])
-        redone[name] = _write_temp(reader, temps[name], _writer(writer), name)
+        try:
+            redone[name] = _write_temp(reader, temps[name], _writer(writer), name)
+        except Exception as exc:  # raised if it is the first failure in the jobs' order
+            redone[name] = exc
     return redone
 
 
