@@ -12,8 +12,10 @@
   file's own column names (so a spreadsheet sees the same data as SQL would).
 
 Rows are streamed from SQLite, their text made there a chunk at a time (memscope/report/
-sql_text.py): nothing is held in memory. Integers are exact; a table's REAL has 18 significant
-digits (it reads back to the same double); timeline times are rounded to the microsecond.
+sql_text.py, a table's typed where its values allow: table_text.py): nothing is held in memory.
+Integers are exact; a table's REAL has 18 significant digits (it reads back to the same double);
+timeline times are rounded to the microsecond. A directory's files are written side by side, one
+a core (file_lanes.py), each through a new file renamed into place.
 
 A run file can come from someone else: only the tables memscope's schema knows are written (a
 table name never becomes a path), every file lands inside the directory (a symlink there is
@@ -25,18 +27,21 @@ numbers stay numbers.
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import os
+import sqlite3
 from typing import Any, Callable, Iterator, TextIO
 
 from memscope.errors import UserError
+from memscope.report.file_lanes import Job, write_files
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
                                        joined_chunks, write_chunk)
+from memscope.report.table_text import columns_of, typed_lines
 from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
 
+TIMELINE_TABLES = ("samples", "cuda_samples", "cuda_samples", "nvml_samples")  # its rows' (cuda: 2 a row)
 TIMELINE_COLUMNS = ["rank", "proc", "time_s", "unix_time", "step", "phase", "metric", "device",
                     "bytes"]
 SKIP_TABLES = {"migrations"}  # schema bookkeeping, not run data
@@ -135,11 +140,17 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
     cond, after = "", ()
     if floats_round_trip(reader.conn):
         # each line made by SQLite (what _cell and csv.writer do, per value, in C), a chunk of
-        # lines joined there; a REAL as 18 significant digits, which parse back to its double
-        line = csv_line([(_quoted(c), declared.upper() not in ("INTEGER", "REAL"))
-                         for c, declared in _declared(reader, table)])
+        # lines joined there; a REAL as 18 significant digits, which parse back to its double.
+        # The typed line first (memscope/report/table_text.py), the line for any value after a
+        # chunk that it does not fit: the same text
+        declared = columns_of(reader, _quoted(table))
+        line = csv_line([(c.name, c.declared not in ("INTEGER", "REAL")) for c in declared])
+        typed = typed_lines(reader, _quoted(table), declared)
+        first, check, checked, params = typed[0] if typed else (line, "1", (), {})
+        fallback = (*((t.line, t.check) for t in typed[1:]), (line, "1")) if typed else ()
         try:
-            for text, count in joined_chunks(reader, line, _quoted(table), "1", ("rowid",), {}, ""):
+            for text, count in joined_chunks(reader, first, _quoted(table), "1", ("rowid",), params, "", check,
+                                             checked, fallback=fallback):
                 write_chunk(out, text)
                 n += count
             return n
@@ -153,11 +164,6 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
         w.writerows(batch)
         n += len(batch)
     return n
-
-
-def _declared(reader: RunReader, table: str) -> list[tuple[str, str]]:
-    """(column, declared type) of ``table`` in the file, in order."""
-    return [(r["name"], str(r["type"] or "")) for r in reader.query(f"PRAGMA table_info({_quoted(table)})")]
 
 
 def _quoted(name: str) -> str:
@@ -181,33 +187,24 @@ def write_directory(reader: RunReader, directory: str) -> dict[str, int]:
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserError(f"export: --csv {directory}: exists and is not a directory")
     os.makedirs(directory, exist_ok=True)
-    written: dict[str, int] = {}
-    written["timeline.csv"] = _write_inside(directory, "timeline.csv", lambda f: write_timeline(reader, f))
-    for table in tables(reader):
-        name = f"{table}.csv"
-        written[name] = _write_inside(directory, name, functools.partial(write_table, reader, table))
-    return written
+    jobs = [Job("timeline.csv", 8 * sum(_rows(reader, t) for t in TIMELINE_TABLES))]
+    jobs += [Job(f"{t}.csv", len(reader.columns(t)) * _rows(reader, t)) for t in tables(reader)]
+    return write_files(reader, directory, jobs, f"{__name__}:write_named")
 
 
-def _write_inside(directory: str, name: str, write: Callable[..., int]) -> int:
-    """Write ``directory/name`` through a new file beside it, renamed over the name: a symlink
-    already at that name is replaced, never written through."""
-    if os.path.basename(name) != name or name in (".", ".."):  # known tables only; checked anyway
-        raise UserError(f"export: refusing to write {name!r}: not a plain file name")
-    path = os.path.join(directory, name)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+def write_named(reader: RunReader, name: str, out: TextIO) -> int:
+    """Write the directory's file ``name`` (``timeline.csv`` or ``TABLE.csv``) to ``out``."""
+    if name == "timeline.csv":
+        return write_timeline(reader, out)
+    return write_table(reader, name.removesuffix(".csv"), out)
+
+
+def _rows(reader: RunReader, table: str) -> int:
+    """About how many rows ``table`` holds (its largest rowid: no scan); 0 if unknown."""
     try:
-        with open(fd, "w", newline="", encoding="utf-8") as f:
-            n = write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    return n
+        return int(reader.conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {_quoted(table)}").fetchone()[0])
+    except (sqlite3.Error, TypeError, ValueError):
+        return 0
 
 
 def _cell(v: Any) -> Any:

@@ -45,14 +45,16 @@ class Unchecked(Exception):
 
 def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tuple[str, ...],
                   params: dict[str, Any], sep: str, check: str = "1", columns: tuple[str, ...] = (),
-                  rows: int = 0) -> Iterator[tuple[bytes, int]]:
+                  rows: int = 0, fallback: tuple[tuple[str, str], ...] = ()) -> Iterator[tuple[bytes, int]]:
     """(text, rows) per chunk of ``SELECT line FROM source WHERE where ORDER BY key``: the rows'
     ``line`` texts joined by ``sep``, as UTF-8 bytes (:func:`write_chunk` writes them).
     ``check`` is an aggregate condition over the chunk's ``columns``
     (:func:`memscope.store.column_checks.clean_sql`); a chunk that fails it, or that SQLite
     cannot read, raises :class:`Unchecked` before anything of it is yielded. ``line``,
     ``source``, ``where`` and ``check`` are SQL from this package (never from the file);
-    ``params`` binds their ``:names``. ``rows``: per chunk (0: :data:`CHUNK`)."""
+    ``params`` binds their ``:names``. ``rows``: per chunk (0: :data:`CHUNK`). ``fallback``:
+    other (line, check) pairs, tried in order on the same chunk when the one before fails (the
+    failed one is not tried again); :class:`Unchecked` when the last one fails."""
     rows = rows or CHUNK
     keys = ", ".join(key)
     after = f" AND ({keys}) > ({', '.join(f':k{i}' for i in range(len(key)))})"
@@ -62,10 +64,12 @@ def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tu
     conn = reader.conn
     bound: dict[str, Any] = {**params, "sep": sep, "n": rows}
     done: tuple[Any, ...] | None = None
+    lines = [(line, check), *fallback]
     previous, conn.text_factory = conn.text_factory, bytes  # the chunk as SQLite made it
     try:
         while True:
             cond = where + ("" if done is None else after)
+            line, check = lines[0]
             try:
                 # group_concat joins in the order its subquery delivers, the key's
                 text, n, good, *last = conn.execute(
@@ -75,10 +79,13 @@ def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tu
                     last = conn.execute(f"SELECT {keys} FROM {source} WHERE {cond} ORDER BY {keys}"
                                         f" LIMIT 1 OFFSET :n - 1", bound).fetchone()
             except sqlite3.DatabaseError:  # an integer overflow in a check, a damaged page
-                raise Unchecked(done) from None
+                n, good = 1, False
             if not n:
                 return
             if not good:
+                if len(lines) > 1:
+                    lines.pop(0)
+                    continue
                 raise Unchecked(done)
             yield text, n
             if n < rows or not last:  # the last chunk (a changed file can lose rows meanwhile)
@@ -137,27 +144,38 @@ def csv_cell(column: str, text_column: bool = True) -> str:
 
 
 def csv_line(columns: list[tuple[str, bool]]) -> str:
-    """SQL: one CSV line (with its newline) of ``columns`` (quoted name, declared TEXT or not).
-    Runs of other columns go through one printf (cheaper than ``||`` per cell); TEXT columns
-    are joined with ``||``, which keeps a NUL character."""
-    parts: list[str] = []
-    fmt, cells = "", []  # the open printf run
-    for i, (column, text_column) in enumerate(columns):
-        comma = "," if i else ""
-        if not text_column:
-            fmt += comma + "%s"
-            cells.append(csv_cell(column, text_column=False))
-            continue
-        if cells:
-            parts.append(f"printf('{fmt}{comma}', {', '.join(cells)})")
-            fmt, cells = "", []
-        elif comma:
-            parts.append("','")
-        parts.append(csv_cell(column))
+    """SQL: one CSV line (with its newline) of ``columns`` (quoted name, declared TEXT or not),
+    any value in any column as :func:`csv_cell` writes it."""
     if len(columns) == 1:  # an empty line would read as no row at all
         one = csv_cell(*columns[0])
         return f"CASE WHEN {one} = '' THEN '\"\"' ELSE {one} END || char(10)"
-    parts.append(f"printf('{fmt}' || char(10), {', '.join(cells)})" if cells else "char(10)")
+    return printf_line([(None, csv_cell(c)) if text else ("%s", csv_cell(c, text_column=False))
+                        for c, text in columns])
+
+
+def printf_line(cells: list[tuple[str | None, str]]) -> str:
+    """SQL: one CSV line (with its newline) of two cells or more, each (conversion, expression):
+    runs of cells with a printf conversion (``%s``, ``%!.18g``) go through one printf (cheaper
+    than ``||`` per cell); a cell without one (text, which may hold a NUL character: printf's
+    ``%s`` would end it there) is joined with ``||``. A cell with the conversion ``""`` is
+    always empty (no expression)."""
+    parts: list[str] = []
+    fmt, args = "", []  # the open printf run (its format may hold only commas)
+    for i, (conversion, expr) in enumerate(cells):
+        comma = "," if i else ""
+        if conversion is not None:
+            fmt += comma + conversion
+            if conversion:
+                args.append(expr)
+            continue
+        if args:
+            parts.append(f"printf('{fmt}{comma}', {', '.join(args)})")
+        elif fmt or comma:
+            parts.append(f"'{fmt}{comma}'")
+        fmt, args = "", []
+        parts.append(expr)
+    parts.append(f"printf('{fmt}' || char(10), {', '.join(args)})" if args else
+                 f"'{fmt}' || char(10)" if fmt else "char(10)")
     return " || ".join(parts)
 
 

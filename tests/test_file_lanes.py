@@ -1,0 +1,107 @@
+"""A directory's files written side by side, this process and child processes (memscope/report/
+file_lanes.py): what a failure or an interrupt leaves is what writing them one after the other
+would have left, and no temporary file; a failure in a child is raised here as it was raised
+there; a child that cannot do its share leaves it to this process."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import pytest
+
+from memscope.errors import UserError
+from memscope.report import csv_export, file_lanes
+from memscope.report.sql_text import lenient_text
+from memscope.report.file_lanes import Job, write_files
+from memscope.store.reader import RunReader
+
+BIG = file_lanes.ONE_LANE_BELOW  # a cost worth a child
+WRITER = f"{__name__}:write"  # a child imports this module (the parent's sys.path is its PYTHONPATH)
+
+
+def write(reader: RunReader, name: str, out: TextIO) -> int:
+    """What each test file name does."""
+    if name == "fail.csv":
+        out.write("half\n")
+        raise UserError(f"damaged in {os.getpid()}")
+    if name == "endless.csv":  # half a minute of SQLite, unless ended
+        reader.conn.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300000000)"
+                            " SELECT count(*) FROM n").fetchone()
+    if name == "interrupt.csv":  # Ctrl-C in this process once the child is in its query
+        time.sleep(0.5)
+        raise KeyboardInterrupt
+    out.write(f"{name}\n{os.getpid()}\n")
+    return 2
+
+
+@pytest.mark.parametrize("lanes, costs", [(1, (1, 5, 3)), (2, (1, 5, 3)), (2, (5, 3, 1)), (3, (1, 1, 1))])
+def test_files_before_the_first_failure_are_left(oom_example_run: Path, tmp_path: Path, lanes: int,
+                                                 costs: tuple[int, int, int]) -> None:
+    jobs = [Job(n, c * BIG) for n, c in zip(["a.csv", "fail.csv", "c.csv"], costs)]
+    with RunReader(oom_example_run) as reader, pytest.raises(UserError, match="damaged in"):
+        write_files(reader, str(tmp_path), jobs, WRITER, lanes=lanes)
+    assert sorted(os.listdir(tmp_path)) == ["a.csv"] and (tmp_path / "a.csv").read_text().startswith("a.csv\n")
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_every_file_written(oom_example_run: Path, tmp_path: Path, lanes: int) -> None:
+    (tmp_path / "b.csv").symlink_to(tmp_path / "elsewhere")  # replaced, never written through
+    jobs = [Job(f"{n}.csv", i * BIG) for i, n in enumerate("abcde")]
+    with RunReader(oom_example_run) as reader:
+        assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=lanes) == {j.name: 2 for j in jobs}
+    assert sorted(os.listdir(tmp_path)) == [j.name for j in jobs]
+    assert not (tmp_path / "b.csv").is_symlink() and not (tmp_path / "elsewhere").exists()
+    pids = {(tmp_path / j.name).read_text().split()[1] for j in jobs}
+    assert len(pids) == lanes and str(os.getpid()) in pids  # this process and its children
+
+
+@pytest.mark.parametrize("python", ["/bin/false", "/no/such/python"])  # it fails; it cannot start
+def test_a_child_that_cannot_start_leaves_its_share_here(oom_example_run: Path, tmp_path: Path, python: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", python)
+    jobs = [Job(f"{n}.csv", BIG) for n in "abc"]
+    with RunReader(oom_example_run) as reader:
+        assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=2) == {j.name: 2 for j in jobs}
+    assert {(tmp_path / j.name).read_text().split()[1] for j in jobs} == {str(os.getpid())}
+    # and a failure in its share, done here, is raised as the first in order
+    jobs = [Job("a.csv", 3 * BIG), Job("b.csv", BIG), Job("fail.csv", BIG), Job("z.csv", BIG)]
+    assert file_lanes._share(jobs, 2)[1] == ["b.csv", "fail.csv"]  # the child's share
+    (tmp_path / "out").mkdir()
+    with RunReader(oom_example_run) as reader, pytest.raises(UserError, match=f"damaged in {os.getpid()}"):
+        write_files(reader, str(tmp_path / "out"), jobs, WRITER, lanes=2)
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.csv", "b.csv"]
+
+
+def test_an_interrupt_ends_the_children(oom_example_run: Path, tmp_path: Path) -> None:
+    jobs = [Job("a.csv", BIG), Job("endless.csv", 5 * BIG), Job("interrupt.csv", 9 * BIG)]  # the child: endless, a
+    assert file_lanes._share(jobs, 2) == [["interrupt.csv"], ["endless.csv", "a.csv"]]
+    began = time.perf_counter()
+    with RunReader(oom_example_run) as reader, pytest.raises(KeyboardInterrupt):
+        write_files(reader, str(tmp_path), jobs, WRITER, lanes=2)
+    assert time.perf_counter() - began < 10
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_small_export_starts_no_child(oom_example_run: Path, tmp_path: Path) -> None:
+    jobs = [Job(f"{n}.csv", BIG // 4) for n in "abc"]
+    with RunReader(oom_example_run) as reader:
+        write_files(reader, str(tmp_path), jobs, WRITER, lanes=2)
+    assert {(tmp_path / j.name).read_text().split()[1] for j in jobs} == {str(os.getpid())}
+
+
+def test_a_real_run_side_by_side(oom_example_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CSV directory of a real run from two lanes (a child writes some of the files): the same
+    bytes as from one."""
+    out: dict[int, dict[str, bytes]] = {}
+    for lanes in (1, 2):
+        monkeypatch.setattr(file_lanes, "cores", lambda lanes=lanes: lanes)
+        monkeypatch.setattr(file_lanes, "ONE_LANE_BELOW", 0)
+        with RunReader(oom_example_run) as reader:
+            reader.conn.text_factory = lenient_text
+            written = csv_export.write_directory(reader, str(tmp_path / str(lanes)))
+        out[lanes] = {name: (tmp_path / str(lanes) / name).read_bytes() for name in written}
+    assert out[1] == out[2] and len(out[1]) > 10 and all(out[1].values())
