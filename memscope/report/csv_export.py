@@ -63,18 +63,23 @@ def timeline_blocks(reader: RunReader) -> Iterator[tuple[str | bytes, int]]:
                     _cell(phase), metric, device, int(value)]
 
         yield from _sample_lines(reader, proc, origin, _line([_blank(rank), proc])[:-1], row)
-        rows: list[list[Any]] = []
-        for metric, column in (("cuda_allocated", "allocated"), ("cuda_reserved", "reserved")):
-            for t, device, value in reader.rows(
-                    f"SELECT t, device, {column} FROM cuda_samples WHERE proc = ?"
-                    f" AND {column} IS NOT NULL ORDER BY device, t", (proc,)):
-                rows.append(row(t, None, None, metric, f"cuda:{device}", value))
-        for t, device, used in reader.rows(
-                "SELECT t, device, used FROM nvml_samples WHERE proc = ? AND used IS NOT NULL"
-                " ORDER BY device, t", (proc,)):
-            rows.append(row(t, None, None, "nvml_used", f"cuda:{device}", used))
-        for i in range(0, len(rows), BATCH):
-            yield "".join(_line(r) for r in rows[i:i + BATCH]), len(rows[i:i + BATCH])
+        # the GPU series, streamed a block at a time (a week of 20 Hz CUDA samples is millions
+        # of rows: never a list of them all)
+        lines: list[str] = []
+        for metric, sql in (
+                ("cuda_allocated", "SELECT t, device, allocated FROM cuda_samples WHERE proc = ?"
+                                   " AND allocated IS NOT NULL ORDER BY device, t"),
+                ("cuda_reserved", "SELECT t, device, reserved FROM cuda_samples WHERE proc = ?"
+                                  " AND reserved IS NOT NULL ORDER BY device, t"),
+                ("nvml_used", "SELECT t, device, used FROM nvml_samples WHERE proc = ? AND used IS NOT NULL"
+                              " ORDER BY device, t")):
+            for t, device, value in reader.rows(sql, (proc,)):
+                lines.append(_line(row(t, None, None, metric, f"cuda:{device}", value)))
+                if len(lines) == BATCH:
+                    yield "".join(lines), BATCH
+                    lines = []
+        if lines:
+            yield "".join(lines), len(lines)
 
 
 def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
