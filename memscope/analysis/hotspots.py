@@ -14,7 +14,7 @@ how many the step had. Older files' rows are sums over the step (``micro_batches
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from memscope.store.reader import RunReader
 
@@ -145,6 +145,24 @@ def micro_batch_note(count: int | None, closure: int = 0) -> str:
         return (f"per micro-batch ({count} in the step, {closure} of them evaluations of the "
                 "optimizer's closure; the one that saved the most)")
     return f"per micro-batch ({count} in the step; the one that saved the most)"
+
+
+COMPILED_TYPES = frozenset({"OptimizedModule"})  # what torch.compile(module) returns
+
+
+def compiled_note(spots: Sequence[Hotspot]) -> str:
+    """What a table with a ``torch.compile``'d module in it does not show ("" without one): the
+    modules inside a compiled graph are not called as modules, so their bytes are the compiled
+    module's row (real nanoGPT on a GPU, compiled as it is by default: one row, 100%)."""
+    compiled = [h.module or "(model)" for h in spots if h.type in COMPILED_TYPES]
+    if not compiled:
+        return ""
+    if len(compiled) == 1:
+        which = f"{compiled[0]} runs under torch.compile: what its submodules save is its row"
+    else:
+        which = f"{len(compiled)} modules run under torch.compile: what their submodules save is their rows"
+    return (f"{which} (they run inside the compiled graph, not as modules); a run without torch.compile "
+            "shows them one by one")
 
 
 def layer_rows(reader: RunReader, proc: int, step: int) -> list[dict[str, Any]]:

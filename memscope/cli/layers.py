@@ -7,6 +7,7 @@ import json
 
 from memscope.analysis.oom_limits import profile_hint
 from memscope.analysis.hotspots import (
+    compiled_note,
     choose_step,
     hotspots,
     layer_rows,
@@ -17,6 +18,7 @@ from memscope.analysis.hotspots import (
 )
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
+from memscope.display import shown_text
 from memscope.report.text import render_hotspots
 from memscope.store.reader import RunReader
 
@@ -68,5 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})"
               + (f" · {per}" if per else ""))
         print(render_hotspots(spots))
+        if note := compiled_note(spots):
+            print(f"note: {shown_text(note)}")
     return 0
 

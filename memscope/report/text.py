@@ -6,7 +6,7 @@ import shlex
 
 from memscope.analysis.oom import ABSURD_REQUEST
 from memscope.analysis.oom_limits import limit_line
-from memscope.analysis.hotspots import Hotspot, micro_batch_note
+from memscope.analysis.hotspots import Hotspot, compiled_note, micro_batch_note
 from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
@@ -72,6 +72,8 @@ def render_summary(s: RunSummary) -> str:
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
                      + (f", {per}" if per else "") + " (memscope layers RUN.db for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
+        if note := compiled_note(s.hotspots):
+            lines.append(f"  note: {shown_text(note)}")
     lines.extend(render_leaks(s))
     lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)

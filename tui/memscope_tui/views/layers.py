@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from memscope.analysis.hotspots import Hotspot
+from memscope.analysis.hotspots import Hotspot, compiled_note
 from memscope.display import shown
 from memscope.names import module_label
 from memscope.units import short_bytes
@@ -141,6 +141,8 @@ def detail_text(h: Hotspot) -> Text:
     text.append(f"\nsaved {short_bytes(h.activation_bytes)} ({h.share:.0%}) · output "
                 f"{short_bytes(h.output_bytes)} · fwd {h.forward_s * 1000:.1f} ms · bwd {bwd} · "
                 f"{h.calls} call{'s' if h.calls != 1 else ''}")
+    if note := compiled_note([h]):
+        text.append(f"\n{shown(note)}", style="dim")
     return text
 
 
