@@ -28,3 +28,13 @@ def test_the_dashboards_detail_line_says_it() -> None:
 
     assert "runs under torch.compile" in detail_text(spot("", "OptimizedModule", 1.0)).plain
     assert "torch.compile" not in detail_text(spot("blocks.0", "Block", 1.0)).plain
+
+
+def test_a_hostile_module_name_is_shown_inert_and_bounded() -> None:
+    """The module name is the run file's (hostile): shown as every name is, escaped and cut."""
+    from memscope.display import shown
+
+    evil = "x\x1b[31m\u202e[bold]" + "A" * 5000
+    note = compiled_note([spot(evil, "OptimizedModule", 1.0)], shown)
+    assert "\x1b" not in note and "\u202e" not in note and len(note) < 600, note[:80]
+    assert note.startswith(shown(evil) + " runs under torch.compile")

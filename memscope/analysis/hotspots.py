@@ -14,7 +14,7 @@ how many the step had. Older files' rows are sums over the step (``micro_batches
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from memscope.store.reader import RunReader
 
@@ -150,11 +150,12 @@ def micro_batch_note(count: int | None, closure: int = 0) -> str:
 COMPILED_TYPES = frozenset({"OptimizedModule"})  # what torch.compile(module) returns
 
 
-def compiled_note(spots: Sequence[Hotspot]) -> str:
+def compiled_note(spots: Sequence[Hotspot], label: Callable[[str], str] = str) -> str:
     """What a table with a ``torch.compile``'d module in it does not show ("" without one): the
     modules inside a compiled graph are not called as modules, so their bytes are the compiled
-    module's row (real nanoGPT on a GPU, compiled as it is by default: one row, 100%)."""
-    compiled = [h.module or "(model)" for h in spots if h.type in COMPILED_TYPES]
+    module's row (real nanoGPT on a GPU, compiled as it is by default: one row, 100%).
+    ``label``: how a module name from the run file is shown (a display's bounded, inert form)."""
+    compiled = [label(h.module) if h.module else "(model)" for h in spots if h.type in COMPILED_TYPES]
     if not compiled:
         return ""
     if len(compiled) == 1:

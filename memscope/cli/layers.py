@@ -18,7 +18,7 @@ from memscope.analysis.hotspots import (
 )
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
-from memscope.display import shown_text
+from memscope.display import shown
 from memscope.report.text import render_hotspots
 from memscope.store.reader import RunReader
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})"
               + (f" · {per}" if per else ""))
         print(render_hotspots(spots))
-        if note := compiled_note(spots):
-            print(f"note: {shown_text(note)}")
+        if note := compiled_note(spots, shown):
+            print(f"note: {note}")
     return 0
 

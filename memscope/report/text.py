@@ -72,8 +72,8 @@ def render_summary(s: RunSummary) -> str:
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
                      + (f", {per}" if per else "") + " (memscope layers RUN.db for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
-        if note := compiled_note(s.hotspots):
-            lines.append(f"  note: {shown_text(note)}")
+        if note := compiled_note(s.hotspots, shown):
+            lines.append(f"  note: {note}")
     lines.extend(render_leaks(s))
     lines.extend(render_suggestions(suggest_for(s)))
     return "\n".join(lines)

@@ -141,8 +141,8 @@ def detail_text(h: Hotspot) -> Text:
     text.append(f"\nsaved {short_bytes(h.activation_bytes)} ({h.share:.0%}) · output "
                 f"{short_bytes(h.output_bytes)} · fwd {h.forward_s * 1000:.1f} ms · bwd {bwd} · "
                 f"{h.calls} call{'s' if h.calls != 1 else ''}")
-    if note := compiled_note([h]):
-        text.append(f"\n{shown(note)}", style="dim")
+    if note := compiled_note([h], shown):
+        text.append(f"\n{note}", style="dim")
     return text
 
 
