@@ -61,14 +61,18 @@ def typed_lines(reader: RunReader, table: str, columns: list[Column]) -> list[Ty
     for any value handles it)."""
     if len(columns) < 2:
         return []
-    typed = typed_line(reader, table, columns)
+    # each text column's plain words, read once for both lines
+    words = {c.name: _plain_words(reader, table, c.name) for c in columns if c.declared not in ("INTEGER", "REAL")}
+    typed = typed_line(reader, table, columns, words=words)
     nulls = _null_columns(reader, table, columns)
-    return [typed_line(reader, table, columns, nulls), typed] if nulls else [typed]
+    return [typed_line(reader, table, columns, nulls, words), typed] if nulls else [typed]
 
 
-def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tuple[str, ...] = ()) -> TypedLine:
+def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tuple[str, ...] = (),
+               words: dict[str, list[str]] | None = None) -> TypedLine:
     """The typed line of ``table`` (quoted) and its condition; ``nulls``: number columns written
-    as empty cells, the condition that they are NULL in the chunk (one aggregate for them all)."""
+    as empty cells, the condition that they are NULL in the chunk (one aggregate for them all);
+    ``words``: each text column's plain words (read from the table when not given)."""
     cells: list[tuple[str | None, str]] = []
     checks = [f"count(coalesce({', '.join(nulls)}, NULL)) = 0"] if nulls else []
     params: dict[str, str] = {}
@@ -87,7 +91,8 @@ def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tupl
             checks.append(f"typeof(max({q})) IN ('real', 'null')")
         else:
             names = []
-            for j, word in enumerate(_plain_words(reader, table, q)):
+            plain = words[q] if words is not None and q in words else _plain_words(reader, table, q)
+            for j, word in enumerate(plain):
                 params[f"w{i}_{j}"] = word
                 names.append(f":w{i}_{j}")
             any_value = csv_cell(q)
