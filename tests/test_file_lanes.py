@@ -28,11 +28,17 @@ def write(reader: RunReader, name: str, out: TextIO) -> int:
     if name == "fail.csv":
         out.write("half\n")
         raise UserError(f"damaged in {os.getpid()}")
-    if name == "endless.csv":  # half a minute of SQLite, unless ended
-        reader.conn.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300000000)"
+    if name == "endless.csv":  # minutes of SQLite, unless ended; says its pid first
+        (Path(os.environ["LANES_TEST_DIR"]) / "endless.pid").write_text(str(os.getpid()))
+        reader.conn.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000000)"
                             " SELECT count(*) FROM n").fetchone()
     if name == "interrupt.csv":  # Ctrl-C in this process once the child is in its query
-        time.sleep(0.5)
+        said = Path(os.environ["LANES_TEST_DIR"]) / "endless.pid"
+        for _ in range(600):  # the child's start: an interpreter and memscope's imports
+            if said.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)  # from its pid to its query
         raise KeyboardInterrupt
     out.write(f"{name}\n{os.getpid()}\n")
     return 2
@@ -76,14 +82,16 @@ def test_a_child_that_cannot_start_leaves_its_share_here(oom_example_run: Path, 
     assert sorted(os.listdir(tmp_path / "out")) == ["a.csv", "b.csv"]
 
 
-def test_an_interrupt_ends_the_children(oom_example_run: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(120)  # a child left running is waited for: minutes, so this test fails
+def test_an_interrupt_ends_the_children(oom_example_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LANES_TEST_DIR", str(tmp_path))  # where the child says its pid (it inherits this)
     jobs = [Job("a.csv", BIG), Job("endless.csv", 5 * BIG), Job("interrupt.csv", 9 * BIG)]  # the child: endless, a
     assert file_lanes._share(jobs, 2) == [["interrupt.csv"], ["endless.csv", "a.csv"]]
-    began = time.perf_counter()
     with RunReader(oom_example_run) as reader, pytest.raises(KeyboardInterrupt):
         write_files(reader, str(tmp_path), jobs, WRITER, lanes=2)
-    assert time.perf_counter() - began < 10
-    assert os.listdir(tmp_path) == []
+    pid = int((tmp_path / "endless.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists()  # ended and reaped, its query not finished
+    assert sorted(os.listdir(tmp_path)) == ["endless.pid"]  # and no file of the export
 
 
 def test_a_small_export_starts_no_child(oom_example_run: Path, tmp_path: Path) -> None:
