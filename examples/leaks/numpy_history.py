@@ -3,8 +3,10 @@ list. The memory is host memory, not tensors: inventories see nothing grow, host
 
     memscope attach examples/leaks/numpy_history.py && memscope leaks RUN.db
 
-At default options "GROWTH host RSS ... that no tensor group explains" is reported from step 17
-(the verdict needs 16 steps after warm-up), with "leaks: none" for the tensors.
+At default options "GROWTH host RSS ... that no tensor group explains" is reported with
+"leaks: none" for the tensors: at the earliest from step 17 (the verdict needs 16 steps after
+warm-up), later when the heap's own jumps make a short run's growth look unsteady (a 20-step run
+under load once did not get it; 40 steps did, 15 of 15).
 """
 
 import torch
