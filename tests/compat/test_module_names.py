@@ -41,3 +41,31 @@ def test_wrappers_take_the_name_of_what_they_wrap() -> None:
     assert outermost(holder.net._orig_mod[2]) == (holder, "net.2")
     compiled = torch.compile(nn.Sequential(nn.Linear(4, 4)), backend="eager")
     assert dotted_names(compiled)[id(compiled._orig_mod[0])] == "0"
+
+
+MODEL = nn.Sequential(nn.Linear(4, 4), nn.ReLU())  # a script's model: held by a module's globals
+
+
+def test_a_model_held_by_globals_costs_one_walk_of_the_heap(monkeypatch) -> None:
+    """The usual root (a model in the script's globals) is answered after one gc.get_referrers
+    walk: a dict holding other things than modules is no module's ``_modules`` (each walk costs
+    tens of ms in a big process, on the training thread at the first profiled step). A dict of
+    modules alone is still followed up: a user's ``{"net": model}`` is looked into, as before."""
+    import gc
+
+    from memscope.agent.torchcompat import module_names
+
+    walks: list[int] = []
+    real = gc.get_referrers
+
+    def counting(*objs):
+        walks.append(len(objs))
+        return real(*objs)
+
+    monkeypatch.setattr(module_names, "gc", type("G", (), {"get_referrers": staticmethod(counting)}))
+    assert outermost(MODEL) == (MODEL, "")
+    assert len(walks) == 1
+    walks.clear()
+    holder = Holder()
+    assert outermost(holder.net) == (holder, "net")  # a real _modules dict: its owner is looked up
+    assert len(walks) >= 2
