@@ -57,6 +57,11 @@ def test_a_real_run_is_written_by_typed_lines(oom_example_run: Path, chunk: int,
         # a CPU run: the steps' CUDA columns as constant empty cells first
         learned, typed = table_text.typed_lines(reader, '"steps"', table_text.columns_of(reader, '"steps"'))
         assert '"peak_allocated"' in learned.check and '"peak_allocated"' in typed.line
+        # a row of plain words (and a seldom NULL REAL set) through one printf, no || per cell
+        for table in ("samples", "steps", "layer_stats"):
+            first = table_text.typed_lines(reader, f'"{table}"', table_text.columns_of(reader, f'"{table}"'))[0]
+            fast = first.line.split(" ELSE ")[0].split(" THEN ", 1)[1]
+            assert first.line.startswith("CASE WHEN ") and fast.startswith("printf(") and ") || " not in fast
 
 
 SQLITE_MAX = 9223372036854775807
@@ -82,6 +87,8 @@ def edit(db: Path, table: str, schema: str) -> None:
     ("samples", "UPDATE samples SET phase = '=other' WHERE rowid = {mid}", False),  # a formula: guarded
     ("samples", "UPDATE samples SET phase = x'6f74686572' WHERE rowid = {mid}", False),  # 'other' as a blob
     ("samples", "UPDATE samples SET phase = 'OTHER' WHERE rowid = {mid}", False),  # equal to 'other' in NOCASE
+    ("samples", "UPDATE samples SET phase = NULL WHERE rowid = {mid}", False),  # NULL among the words
+    ("layer_stats", "UPDATE layer_stats SET backward_s = 'x' WHERE rowid = {mid}", True),  # text there
 ])
 def test_values_that_do_not_fit_the_typed_line(oom_example_run: Path, tmp_path: Path, table: str, sql: str,
                                                any_value: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,3 +112,44 @@ def test_values_that_do_not_fit_the_typed_line(oom_example_run: Path, tmp_path: 
     # typed up to the chunk that holds the misfit, the line for any value from there on
     first = lines.index("<any value>")
     assert 2 <= first <= 3 and set(lines[first:]) == {"<any value>"}
+
+
+@pytest.mark.parametrize("word, value", [("0.1", "0.1"), ("5", "5"), ("ab", "x'6162'")])
+def test_a_number_or_blob_equal_to_a_word(oom_example_run: Path, tmp_path: Path, word: str, value: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A REAL, an integer or a blob in a text column, equal to one of its words as SQLite compares
+    a TEXT column (the number as text), is written as its type is (0.1: 18 digits), not as the word."""
+    db = tmp_path / "run.db"
+    shutil.copy(oom_example_run, db)
+    with sqlite3.connect(db) as conn:
+        schema = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'samples'").fetchone()[0]
+    edit(db, "samples", schema.replace("phase TEXT", "phase"))  # no affinity: the value stays as it is
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE samples SET phase = ? WHERE rowid % 2 = 0", (word,))
+        conn.execute(f"UPDATE samples SET phase = {value} WHERE rowid = (SELECT max(rowid) FROM samples)")
+    edit(db, "samples", schema)
+    with monkeypatch.context() as m:
+        m.setattr(sql_text, "CHUNK", 16384)
+        with RunReader(db) as reader:
+            assert word in table_text.typed_line(reader, '"samples"', table_text.columns_of(reader, '"samples"')).params.values()
+    typed = export(db, ["samples"])
+    assert typed == untyped(db, monkeypatch, ["samples"])
+    last = typed["samples"].splitlines()[-1].split(",")[3]
+    assert last == {"0.1": "0.100000000000000006", "5": "5", "ab": "6162"}[word]
+
+
+def test_a_seldom_null_real(oom_example_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nullable REAL column with a value in most rows of the first chunk goes through the row's
+    printf; its NULL rows are written by the rest of the typed line (an empty cell, never 0.0)."""
+    db = tmp_path / "run.db"
+    shutil.copy(oom_example_run, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE layer_stats SET module = 'm' || rowid, backward_s = 0.5")
+        conn.execute("UPDATE layer_stats SET backward_s = NULL WHERE rowid = (SELECT max(rowid) FROM layer_stats)")
+    with RunReader(db) as reader:
+        line = table_text.typed_lines(reader, '"layer_stats"', table_text.columns_of(reader, '"layer_stats"'))[0]
+        assert '"backward_s" IS NOT NULL' in line.line.split(" THEN ")[0]  # the row's printf's condition
+    typed = export(db, ["layer_stats"])
+    assert typed == untyped(db, monkeypatch, ["layer_stats"])
+    assert typed["layer_stats"].splitlines()[-1].split(",")[9] == ""
+    assert not any("<any value>" in text for text in marked(db, monkeypatch, ["layer_stats"]).values())

