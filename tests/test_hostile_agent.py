@@ -69,3 +69,19 @@ def test_live_fake_tensors_are_passed_by_without_a_warning(tmp_path: Path) -> No
         fake_shapes = db.execute("SELECT count(*) FROM inventory_groups WHERE shape IN"
                                  " ('[1024, 1024]', '[3, 5]')").fetchone()[0]
     assert fake_shapes == 0
+
+
+def test_a_cpu_training_never_has_the_cuda_driver_asked(tmp_path: Path) -> None:
+    """memscope asks whether CUDA is in use with ``torch.cuda.is_initialized()`` alone: a CPU
+    training on a GPU machine is never made to initialise the driver (an H200 run of 2,000 tiny CPU
+    steps cost 1.5-2 s more CPU attached: is_available() at the sampler's first device scan).
+    Counted on any machine: the script wraps every driver-asking call; at defaults and at full
+    detail (layers, inventories every step), sampling at 200 Hz past the 1 s device rescan."""
+    script = HOSTILE / "cpu_on_gpu_host_train.py"
+    for extra in ((), FULL):
+        out = memscope("attach", "--headless", "--force", "--db", str(tmp_path / "run.db"),
+                       "--sample-hz", "200", *extra, str(script))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "cuda driver questions [] 0", (extra, out.stdout)
+        with sqlite3.connect(tmp_path / "run.db") as db:  # the sampler did run its device scans
+            assert db.execute("SELECT count(*) FROM samples").fetchone()[0] >= 100

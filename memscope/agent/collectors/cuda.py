@@ -107,7 +107,10 @@ def cuda_devices_in_use() -> list[int]:
     """Indices of CUDA devices the process has allocated on; [] when CUDA is not initialised."""
     import torch
 
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    # is_initialized() first, and alone: is_available() asks the driver for a device count,
+    # which initialises it (cuInit: a second of CPU, and CUDA broken in the training's forked
+    # children) in a process that trains on the CPU of a GPU machine. Initialised implies available.
+    if not torch.cuda.is_initialized():
         return []
     used = []
     for index in range(torch.cuda.device_count()):

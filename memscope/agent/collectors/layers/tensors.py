@@ -80,7 +80,7 @@ def graph_task_id() -> int:
 def cuda_ready() -> bool:
     """CUDA is used by the script (never initialised by memscope)."""
     try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+        return bool(torch.cuda.is_initialized())  # never is_available(): see cuda.cuda_devices_in_use
     except Exception:
         return False
 
