@@ -153,3 +153,18 @@ def test_a_seldom_null_real(oom_example_run: Path, tmp_path: Path, monkeypatch: 
     assert typed == untyped(db, monkeypatch, ["layer_stats"])
     assert typed["layer_stats"].splitlines()[-1].split(",")[9] == ""
     assert not any("<any value>" in text for text in marked(db, monkeypatch, ["layer_stats"]).values())
+
+
+def test_a_column_named_rowid(oom_example_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table with a column named ``rowid`` (a file from elsewhere): "rowid" is that column, so
+    its chunks are taken in that column's order by the subquery, as ever; a chunk as one scan of a
+    rowid range (``flat``) is for the table's own rowid only."""
+    db = tmp_path / "run.db"
+    shutil.copy(oom_example_run, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE steps ADD COLUMN rowid INTEGER")
+        conn.execute("UPDATE steps SET rowid = -step")  # the column's order against the table's
+    monkeypatch.setattr(sql_text, "CHUNK", 2)
+    lines = export(db, ["steps"])["steps"].splitlines()
+    assert lines[0].endswith(",rowid") and len(lines) > 3
+    assert [int(line.split(",")[-1]) for line in lines[1:]] == sorted(int(line.split(",")[-1]) for line in lines[1:])

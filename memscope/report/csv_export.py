@@ -154,8 +154,11 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
         first, check, checked, params = typed[0] if typed else (line, "1", (), {})
         fallback = (*((t.line, t.check) for t in typed[1:]), (line, "1")) if typed else ()
         try:
+            # one scan of a rowid range a chunk, unless a column is named as the rowid is (then
+            # "rowid" is that column: the rows in its order, as the subquery takes them)
+            flat = not {c.lower() for c in columns} & {"rowid", "oid", "_rowid_"}
             for text, count in joined_chunks(reader, first, _quoted(table), "1", ("rowid",), params, "", check,
-                                             checked, fallback=fallback):
+                                             checked, fallback=fallback, flat=flat):
                 write_chunk(out, text)
                 n += count
             return n
