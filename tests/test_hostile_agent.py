@@ -72,11 +72,12 @@ def test_live_fake_tensors_are_passed_by_without_a_warning(tmp_path: Path) -> No
 
 
 def test_a_cpu_training_never_has_the_cuda_driver_asked(tmp_path: Path) -> None:
-    """memscope asks whether CUDA is in use with ``torch.cuda.is_initialized()`` alone: a CPU
-    training on a GPU machine is never made to initialise the driver (an H200 run of 2,000 tiny CPU
-    steps cost 1.5-2 s more CPU attached: is_available() at the sampler's first device scan).
-    Counted on any machine: the script wraps every driver-asking call; at defaults and at full
-    detail (layers, inventories every step), sampling at 200 Hz past the 1 s device rescan."""
+    """memscope asks whether CUDA is in use with ``torch.cuda.is_initialized()`` alone: in a
+    process that has not touched CUDA, ``is_available()`` would have the CUDA runtime count the
+    devices, which poisons fork (PyTorch's docs: CUDA fails in forked children) and fixes the
+    visible devices before the script may set CUDA_VISIBLE_DEVICES. Counted on any machine: the
+    script wraps every driver-asking call; at defaults and at full detail (layers, inventories
+    every step), sampling at 200 Hz past the 1 s device rescan."""
     script = HOSTILE / "cpu_on_gpu_host_train.py"
     for extra in ((), FULL):
         out = memscope("attach", "--headless", "--force", "--db", str(tmp_path / "run.db"),

@@ -1,7 +1,7 @@
 """A CPU training on what may be a GPU machine: counts every question to the CUDA driver that
 could initialise it (``torch.cuda.is_available``, ``device_count``, the raw device count). The
 script itself asks none, so under attach any count is memscope's: on a GPU machine the first such
-call runs ``cuInit`` (a second of CPU, and CUDA broken in the script's forked children)."""
+call initialises the CUDA runtime (CUDA then fails in the script's forked children)."""
 
 import time
 

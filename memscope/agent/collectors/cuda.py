@@ -107,9 +107,10 @@ def cuda_devices_in_use() -> list[int]:
     """Indices of CUDA devices the process has allocated on; [] when CUDA is not initialised."""
     import torch
 
-    # is_initialized() first, and alone: is_available() asks the driver for a device count,
-    # which initialises it (cuInit: a second of CPU, and CUDA broken in the training's forked
-    # children) in a process that trains on the CPU of a GPU machine. Initialised implies available.
+    # is_initialized() alone: is_available() asks the CUDA runtime for a device count, which
+    # "poisons fork" (PyTorch's docs: CUDA then fails in the training's forked children) and fixes
+    # the visible devices (a later CUDA_VISIBLE_DEVICES set by the script is ignored) in a process
+    # that has not touched CUDA yet. Initialised implies available.
     if not torch.cuda.is_initialized():
         return []
     used = []
