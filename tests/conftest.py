@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from shared_runs import shared_attach
+from shared_runs import shared_attach, shared_ddp  # noqa: F401 (shared_ddp: tests/tui/conftest.py)
 from suite_order import heaviest_first
 
 ROOT = Path(__file__).resolve().parent.parent

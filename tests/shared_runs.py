@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,33 @@ def shared_attach(tmp_path_factory: pytest.TempPathFactory, options: Sequence[st
             tmp.replace(result)
         code, stdout, stderr = json.loads(result.read_text())
     return db, subprocess.CompletedProcess(argv, code, stdout, stderr)
+
+
+def session_port(tmp_path_factory: pytest.TempPathFactory, name: str) -> int:
+    """A rendezvous port picked once per session and kept in the shared directory, so that both
+    xdist workers ask for the same command (a shared run is keyed by its command)."""
+    where = shared_dir(tmp_path_factory)
+    with open(where / f"{name}.port.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = where / f"{name}.port"
+        if not kept.exists():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                kept.write_text(str(s.getsockname()[1]))
+        return int(kept.read_text())
+
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def shared_ddp(tmp_path_factory: pytest.TempPathFactory, *script_args: str,
+               timeout: float = 240) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``memscope attach --headless -- torchrun --nproc-per-node 2 ... tests/scripts/ddp.py
+    SCRIPT_ARGS`` (gloo on CPU), once per session: the run files the ranks tests, the exports,
+    the HTML page and the dashboard read (skips without torchrun)."""
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    port = session_port(tmp_path_factory, "ddp-" + "-".join(a.lstrip("-") for a in script_args))
+    return shared_attach(tmp_path_factory, [], [
+        "--", str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+        "tests/scripts/ddp.py", *script_args], timeout=timeout)

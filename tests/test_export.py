@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from conftest import SCRIPTS, memscope, torchrun
+from conftest import memscope
+from shared_runs import shared_ddp
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +22,9 @@ def oom_run(oom_example_run: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("ddp") / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), "--", *torchrun(2),
-                   str(SCRIPTS / "ddp.py"), "--steps", "3")
+    """Two ranks of tests/scripts/ddp.py, 3 steps (rank 1 holds 64 MiB more): the dashboard's
+    run, made once per session (tests/shared_runs.py), read here and by tests/test_html.py."""
+    db, out = shared_ddp(tmp_path_factory, "--steps", "3", "--heavy-rank", "1", "--heavy-mb", "64")
     assert out.returncode == 0, out.stderr
     return db
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, cli, memscope, torchrun
+from conftest import EXAMPLES, cli, memscope
+from shared_runs import shared_ddp
 from memscope.analysis.summary import summarize
 from memscope.analysis.timeline import memory_timeline
 from memscope.report.html import CHART_H, CHART_W, OOM_COLOR, PAD_L, PAD_R, PALETTE
@@ -213,10 +214,9 @@ def test_html_leak_and_fix(tmp_path: Path) -> None:
     assert 'class="oom"' not in text
 
 
-def test_html_ranks(tmp_path: Path) -> None:
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), "--", *torchrun(2),
-                   str(SCRIPTS / "ddp.py"), "--steps", "3")
+def test_html_ranks(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # two ranks, 3 steps (rank 1 holds 64 MiB more): the dashboard's run, made once per session
+    db, out = shared_ddp(tmp_path_factory, "--steps", "3", "--heavy-rank", "1", "--heavy-mb", "64")
     assert out.returncode == 0, out.stderr
     text = write_html(db, tmp_path)[0].read_text()
     titles = re.findall(r'<polyline class="series"[^>]*><title>([^<]+)</title>', text)

@@ -248,10 +248,12 @@ def test_healthy_run_has_no_leak(healthy_runs: list[Path]) -> None:
         assert out.returncode == 0 and "leaks: none" in out.stdout and "inventories from step 2 on" in out.stdout
 
 
-def test_never_none_without_looking(tmp_path: Path) -> None:
+def test_never_none_without_looking(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Too few inventories for a verdict: no "none" anywhere, and what to do instead."""
-    db = tmp_path / "short.db"
-    attach(db, LEAKS / "detached_list.py", "--steps", "4")  # inventories 0-3: 2 after warm-up
+    # inventories 0-3: 2 after warm-up; made once per session (tests/shared_runs.py), the
+    # dashboard's leak-verdict test reads it too
+    db, res = shared_attach(tmp_path_factory, [], ["examples/leaks/detached_list.py", "--steps", "4"])
+    assert res.returncode == 0, res.stderr
     report = report_json(db)
     assert report["leaks"] == []
     assert report["leak_check"] == {"inventories": 2, "needed": 4, "verdict": "insufficient",

@@ -17,9 +17,8 @@ import pytest
 from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.store.schema import SCHEMA_VERSION
 from conftest import free_port
-from shared_runs import shared_attach
+from shared_runs import TORCHRUN, shared_attach
 from test_diff import LEAK_ARGS, LEAK_OPTIONS
-from test_ranks import TORCHRUN
 
 MiB = 2 ** 20
 

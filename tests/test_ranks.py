@@ -2,56 +2,26 @@
 
 from __future__ import annotations
 
-import fcntl
 import socket
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, cli, free_port, memscope, report_json
+from conftest import cli, report_json
 from memscope.analysis.ranks import RankSummary, imbalance, rank_summaries
 from memscope.store.reader import RunReader
-from shared_runs import shared_attach, shared_dir
+from shared_runs import shared_attach, shared_ddp
 
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 MiB = 2 ** 20
-
-
-def torchrun_attach(db: Path, *script_args: str, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    if not TORCHRUN.exists():
-        pytest.skip("torchrun not installed beside this Python")
-    out = memscope("attach", "--headless", "--db", str(db), "--", str(TORCHRUN),
-                   "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                   "--master-port", str(free_port()), str(SCRIPTS / "ddp.py"), *script_args,
-                   timeout=240)
-    return out
-
-
-def _session_port(tmp_path_factory: pytest.TempPathFactory, name: str) -> int:
-    """A rendezvous port picked once per session and kept in tests/shared_runs.py's directory, so
-    that both xdist workers ask for the same command (a shared run is keyed by its command)."""
-    where = shared_dir(tmp_path_factory)
-    with open(where / f"{name}.port.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        kept = where / f"{name}.port"
-        if not kept.exists():
-            kept.write_text(str(free_port()))
-        return int(kept.read_text())
 
 
 def heavy_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """2-rank DDP under torchrun, rank 1 keeping 192 MiB more alive, 4 steps: made once per session
     (tests/shared_runs.py), read here and by tests/test_attach.py (the ranks recorded, not the
     launcher)."""
-    if not TORCHRUN.exists():
-        pytest.skip("torchrun not installed beside this Python")
-    port = _session_port(tmp_path_factory, "heavy-rank")
-    return shared_attach(tmp_path_factory, [], [
-        "--", str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-        "tests/scripts/ddp.py", "--steps", "4", "--heavy-rank", "1", "--heavy-mb", "192"], timeout=240)
+    return shared_ddp(tmp_path_factory, "--steps", "4", "--heavy-rank", "1", "--heavy-mb", "192")
 
 
 def test_imbalance_is_spread_over_the_heaviest() -> None:
@@ -93,9 +63,10 @@ def test_two_ranks_recorded_and_the_heavy_one_shows(tmp_path_factory: pytest.Tem
     assert [row[0] for row in table] == ["0", "1"]
 
 
-def test_the_rank_that_ran_out_of_memory_is_named(tmp_path: Path) -> None:
-    db = tmp_path / "oom.db"
-    out = torchrun_attach(db, "--steps", "5", "--oom-rank", "1", "--oom-step", "2")
+def test_the_rank_that_ran_out_of_memory_is_named(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # rank 1 out of memory at step 2: the run the dashboard's OOM view reads too, made once per
+    # session (tests/shared_runs.py)
+    db, out = shared_ddp(tmp_path_factory, "--steps", "5", "--oom-rank", "1", "--oom-step", "2")
     assert out.returncode != 0
     rep = report_json(db)
     assert rep["oom"] is not None and rep["oom"]["rank"] == 1 and rep["oom"]["step"] == 2

@@ -31,6 +31,7 @@ report_json = _top.report_json
 free_port = _top.free_port
 torchrun = _top.torchrun
 shared_attach = _top.shared_attach
+shared_ddp = _top.shared_ddp
 cli = _top.cli
 graph_malloc = _top.graph_malloc
 
@@ -95,16 +96,21 @@ def oom_run(oom_example_run: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two ranks under torchrun (gloo on CPU); rank 1 holds an extra 64 MiB from its first step."""
-    return _shared(tmp_path_factory, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "3",
-                   "--heavy-rank", "1", "--heavy-mb", "64")
+    """Two ranks under torchrun (gloo on CPU); rank 1 holds an extra 64 MiB from its first step
+    (the run tests/test_export.py and tests/test_html.py read too: tests/shared_runs.py)."""
+    db, out = shared_ddp(tmp_path_factory, "--steps", "3", "--heavy-rank", "1", "--heavy-mb", "64")
+    assert out.returncode == 0, out.stderr
+    _recorded(db, out.stderr)
+    return db
 
 
 @pytest.fixture(scope="session")
 def ddp_oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two ranks under torchrun; rank 1 runs out of memory at step 2 (a real allocator failure)."""
-    return _shared(tmp_path_factory, "--", *torchrun(2), "tests/scripts/ddp.py", "--steps", "5",
-                   "--oom-rank", "1", "--oom-step", "2", ok=False)
+    """Two ranks under torchrun; rank 1 runs out of memory at step 2 (a real allocator failure;
+    the run tests/test_ranks.py reads too)."""
+    db, out = shared_ddp(tmp_path_factory, "--steps", "5", "--oom-rank", "1", "--oom-step", "2")
+    _recorded(db, out.stderr)
+    return db
 
 
 @pytest.fixture(scope="session")

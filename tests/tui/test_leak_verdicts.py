@@ -10,7 +10,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from conftest import EXAMPLES, _attach
+from conftest import EXAMPLES, _attach, _shared
 from memscope.analysis.summary import summarize
 from memscope.store.reader import RunReader
 from memscope_tui.app import MemscopeApp
@@ -35,9 +35,9 @@ async def _loaded(pilot: Pilot[Any], app: MemscopeApp) -> None:
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("leakview") / "short.db"
-    _attach(db, str(EXAMPLES / "leaks" / "detached_list.py"), "--steps", "4")
-    return db
+    """4 steps of detached_list: made once per session (tests/shared_runs.py), tests/test_leaks.py
+    reads it too."""
+    return _shared(tmp_path_factory, "examples/leaks/detached_list.py", "--steps", "4")
 
 
 @pytest.fixture(scope="module")
