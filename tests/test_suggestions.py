@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, cli, memscope, report_json, torchrun
+from conftest import EXAMPLES, ROOT, SCRIPTS, cli, memscope, report_json, torchrun
+from shared_runs import shared_attach
 from memscope.analysis.suggestions import Suggestion, checkpoint_plan, gather, suggest
 from memscope.analysis.suggestions.facts import _working_set
 from memscope.analysis.suggestions.gradient_accumulation import batch_scaled
@@ -47,14 +48,13 @@ def breakdown(db: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Each scenario run once per module, on demand."""
-    base = tmp_path_factory.mktemp("scenarios")
-    cache: dict[str, Path] = {}
-
+    """Each scenario run once per session, on demand (tests/shared_runs.py: a file that attaches
+    the same command reads the same run; the dashboard's LBFGS caption test reads mlp_lbfgs3)."""
     def get(name: str, *cmd: str, options: tuple[str, ...] = ("--layers-every", "1")) -> Path:
-        if name not in cache:
-            cache[name] = attach(base / f"{name}.db", *cmd, options=options)
-        return cache[name]
+        command = [str(Path(c).relative_to(ROOT)) if c.startswith(f"{ROOT}/") else c for c in cmd]
+        db, out = shared_attach(tmp_path_factory, list(options), command, timeout=240)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return db
     return get
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Static, TabbedContent
@@ -145,15 +146,15 @@ async def test_layers_say_per_micro_batch(tmp_path: Path) -> None:
     assert spots[0].activation_bytes == 64 * 1024 * 4  # the ReLU's output of one micro-batch
 
 
-async def test_layers_say_per_closure_evaluation(tmp_path: Path) -> None:
+async def test_layers_say_per_closure_evaluation(tmp_path_factory: pytest.TempPathFactory) -> None:
     """LBFGS evaluates its closure several times inside optimizer.step(): the caption says
-    the rows are per forward of those evaluations, not per micro-batch."""
-    from conftest import EXAMPLES, memscope
+    the rows are per forward of those evaluations, not per micro-batch. The run (3 evaluations
+    a step, 12 steps, at default options: step 1 profiled) is tests/test_suggestions.py's, made
+    once per session (tests/shared_runs.py)."""
+    from conftest import _shared
 
-    db = tmp_path / "lbfgs.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "scenarios" / "mlp.py"),
-                   "--optimizer", "lbfgs", "--lbfgs-iter", "3", "--steps", "3", timeout=300)
-    assert out.returncode == 0, out.stderr
+    db = _shared(tmp_path_factory, "examples/scenarios/mlp.py", "--optimizer", "lbfgs", "--lbfgs-iter", "3",
+                 "--steps", "12")
     app = MemscopeApp(str(db))
     async with app.run_test(size=(80, 24)) as pilot:
         await opened(pilot, app, "2")
