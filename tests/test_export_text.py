@@ -195,6 +195,40 @@ def test_chunks_change_nothing(hostile_run: Path, tmp_path: Path, chunk: int,
             assert out.getvalue() == again.getvalue(), t
 
 
+@pytest.mark.parametrize("chunk", [2, 16384])
+def test_timeline_in_time_order_whatever_the_rowids(real_run: Path, tmp_path: Path, chunk: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeline takes each chunk's rowids in time order and each row by its rowid (csv_export
+    own_rowid): rows stored latest first still come in time order, as the subquery that copies
+    every row gives them; and so with a column named rowid (a file from elsewhere)."""
+    db = tmp_path / "run.db"
+    shutil.copy(real_run, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE copy AS SELECT * FROM samples ORDER BY t DESC, rowid DESC")
+        conn.execute("DELETE FROM samples")
+        conn.execute("INSERT INTO samples SELECT * FROM copy")
+        conn.execute("DROP TABLE copy")
+    monkeypatch.setattr(sql_text, "CHUNK", chunk)
+
+    def timeline(own: bool) -> str:
+        with monkeypatch.context() as m, RunReader(db) as reader:
+            if not own:
+                m.setattr(csv_export, "own_rowid", lambda columns: False)
+            reader.conn.text_factory = sql_text.lenient_text
+            out = io.StringIO()
+            csv_export.write_timeline(reader, out)
+            return out.getvalue()
+
+    text = timeline(True)
+    times = [float(line.split(",")[3]) for line in text.splitlines()[1:]]
+    assert len(times) > 10 and times == sorted(times) and text == timeline(False)
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE samples ADD COLUMN rowid INTEGER DEFAULT 1")  # the same in every row
+    assert not csv_export.own_rowid(["proc", "t", "rowid"])
+    again = timeline(True)
+    assert again == timeline(False) and (chunk == 2 or again == text)  # each row once
+
+
 def test_damage_after_clean_chunks_reads_on_through_the_checks(real_run: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk that fails the aggregate checks (here an integer overflow in sum(): the values

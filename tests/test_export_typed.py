@@ -158,7 +158,7 @@ def test_a_seldom_null_real(oom_example_run: Path, tmp_path: Path, monkeypatch: 
 def test_a_column_named_rowid(oom_example_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A table with a column named ``rowid`` (a file from elsewhere): "rowid" is that column, so
     its chunks are taken in that column's order by the subquery, as ever; a chunk as one scan of a
-    rowid range (``flat``) is for the table's own rowid only."""
+    rowid range (``own_rowid``) is for the table's own rowid only."""
     db = tmp_path / "run.db"
     shutil.copy(oom_example_run, db)
     with sqlite3.connect(db) as conn:

@@ -98,7 +98,7 @@ def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
         yield from joined_chunks(reader, line, "samples", "proc = :proc", key,
                                  {"head": head, "origin": origin, "proc": proc}, "",
                                  clean_sql(("t",), ("step", "rss"), ("phase",), ("step", "phase")),
-                                 ("t", "step", "rss", "phase"))
+                                 ("t", "step", "rss", "phase"), own_rowid=own_rowid(reader.columns("samples")))
         return
     except Unchecked as damaged:
         cond, after = after_key(key, damaged.after)
@@ -154,11 +154,8 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
         first, check, checked, params = typed[0] if typed else (line, "1", (), {})
         fallback = (*((t.line, t.check) for t in typed[1:]), (line, "1")) if typed else ()
         try:
-            # one scan of a rowid range a chunk, unless a column is named as the rowid is (then
-            # "rowid" is that column: the rows in its order, as the subquery takes them)
-            flat = not {c.lower() for c in columns} & {"rowid", "oid", "_rowid_"}
             for text, count in joined_chunks(reader, first, _quoted(table), "1", ("rowid",), params, "", check,
-                                             checked, fallback=fallback, flat=flat):
+                                             checked, fallback=fallback, own_rowid=own_rowid(columns)):
                 write_chunk(out, text)
                 n += count
             return n
@@ -172,6 +169,12 @@ def write_table(reader: RunReader, table: str, out: TextIO) -> int:
         w.writerows(batch)
         n += len(batch)
     return n
+
+
+def own_rowid(columns: list[str]) -> bool:
+    """Whether ``rowid`` is the table's own (no column named as it is: a file from elsewhere
+    can have one, and then "rowid" is that column, its rows taken in that column's order)."""
+    return not {c.lower() for c in columns} & {"rowid", "oid", "_rowid_"}
 
 
 def _quoted(name: str) -> str:
