@@ -30,22 +30,49 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!-- sample: (\S+)((?:\s+\w+=\S+)*)\s*-->$")
 
+
+@dataclass(frozen=True)
+class Shared:
+    """A setup run that other tests make too: ``memscope attach --headless --db DB OPTIONS SCRIPT
+    ARGS`` (``ddp``: ``-- torchrun`` with 2 ranks on loopback before ``tests/scripts/ddp.py ARGS``).
+    Under pytest the session's run of the same command (tests/shared_runs.py) is copied to DB
+    instead of a run of its own; ``copies``: more names the same file is copied to."""
+    db: str
+    command: tuple[str, ...]  # the script and its arguments; with ddp, ddp.py's arguments
+    options: tuple[str, ...] = ()
+    ddp: bool = False
+    copies: tuple[str, ...] = ()
+    fails: bool = False  # the run ends in an error (attach's exit status is the training's)
+
+    def shell(self) -> str:
+        if self.ddp:
+            line = (f"memscope attach --headless --db {self.db} -- torchrun --nproc-per-node 2 --master-addr "
+                    f"127.0.0.1 --master-port $PORT tests/scripts/ddp.py {shlex.join(self.command)}")
+        else:
+            line = f"memscope attach --headless --db {self.db} {shlex.join([*self.options, *self.command])}"
+        if self.fails:
+            line += " || true"
+        return " && ".join([line, *(f"cp {self.db} {c}" for c in self.copies)])
+
+
 # What each group runs before its samples (bash, in the group's directory). The sample blocks
 # of a group read what these wrote.
-GROUPS: dict[str, list[str]] = {
+GROUPS: dict[str, list[str | Shared]] = {
     "tiny_gpt": ["memscope attach --headless --db run.db examples/tiny_gpt.py --steps 30"],
-    "short": ["memscope attach --headless --db a.db examples/tiny_gpt.py --steps 4",
-              "memscope attach --headless --db b.db examples/tiny_gpt.py --steps 4",
+    # b.db: a second file of the same run (merge refuses the pair on a.db)
+    "short": [Shared("a.db", ("examples/tiny_gpt.py", "--steps", "4"), copies=("b.db",)),
               "python tests/doc_samples.py damage a.db damaged.db nolayers.db"],
     "leaky": ["memscope attach --headless --db run.db examples/leaky.py --steps 40"],
     "total_loss": ["memscope attach --headless --db run.db examples/leaks/total_loss.py"],
@@ -63,10 +90,8 @@ GROUPS: dict[str, list[str]] = {
     "whatif": [],
     "estimate": [],
     "fit": [],
-    "ranks": ["memscope attach --headless --db run.db -- torchrun --nproc-per-node 2 --master-addr 127.0.0.1 "
-              "--master-port $PORT tests/scripts/ddp.py --steps 6 --heavy-rank 1 --heavy-mb 200",
-              "memscope attach --headless --db oom.db -- torchrun --nproc-per-node 2 --master-addr 127.0.0.1 "
-              "--master-port $PORT tests/scripts/ddp.py --steps 5 --oom-rank 1 --oom-step 2 || true"],
+    "ranks": [Shared("run.db", ("--steps", "6", "--heavy-rank", "1", "--heavy-mb", "200"), ddp=True),
+              Shared("oom.db", ("--steps", "5", "--oom-rank", "1", "--oom-step", "2"), ddp=True, fails=True)],
 }
 
 # The numbers that differ between two runs of the same command, masked before comparing. Each
@@ -245,8 +270,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_group(group: str, blocks: list[Block]) -> dict[tuple[int, int], list[str]]:
+def run_group(group: str, blocks: list[Block], shared: Callable[[Shared], Path] | None = None
+              ) -> dict[tuple[int, int], list[str]]:
     """Set the group up once, run every command of its blocks: (block, command) -> shown output.
+    ``shared``: where the test session's run of a :class:`Shared` setup is (copied in, not rerun).
     A command shown in several blocks (README.md and a page of docs/) is run once, each block
     checked against that output with its own options: every sampled command reads the group's
     files without changing them (`merge`, `whatif` write new ones), so a second run prints the
@@ -254,7 +281,11 @@ def run_group(group: str, blocks: list[Block]) -> dict[tuple[int, int], list[str
     ws = Workspace()
     try:
         for command in GROUPS[group]:
-            ws.run(command)
+            if isinstance(command, Shared) and shared is not None:
+                for name in (command.db, *command.copies):
+                    shutil.copyfile(shared(command), ws.dir / name)
+            else:
+                ws.run(command.shell() if isinstance(command, Shared) else command)
         printed: dict[str, str] = {}
         results = {}
         for b, block in enumerate(blocks):
@@ -274,11 +305,11 @@ def run_group(group: str, blocks: list[Block]) -> dict[tuple[int, int], list[str
 SECOND_FILE = {"fit", "leaky", "diff", "workers", "numpy_history", "compile", "estimate"}
 
 
-def stale(group: str, blocks: list[Block]) -> list[str]:
+def stale(group: str, blocks: list[Block], shared: Callable[[Shared], Path] | None = None) -> list[str]:
     """The group's samples that differ from what the program prints now, each said with its
     place, its command, the first differences and the whole output."""
     members = [b for b in blocks if b.group == group]
-    results = run_group(group, members)
+    results = run_group(group, members, shared)
     problems = []
     for b, block in enumerate(members):
         for c, (command, want) in enumerate(block.commands):
@@ -319,7 +350,6 @@ def update(groups: list[str] | None = None) -> None:
 
 def damage(source: str, damaged: str, nolayers: str) -> None:
     """Two damaged copies of a run file, for the samples of the run-file page."""
-    import shutil
     import sqlite3
 
     for target in (damaged, nolayers):

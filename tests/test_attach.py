@@ -165,7 +165,7 @@ def test_sigkilled_child_still_reports(run_db: Path) -> None:
 
 
 def test_torchrun_ranks_recorded_not_the_launcher(tmp_path_factory: pytest.TempPathFactory) -> None:
-    # 2 ranks of tests/scripts/ddp.py, 4 steps (rank 1 keeps a buffer alive): the run
+    # 2 ranks of tests/scripts/ddp.py, 6 steps (rank 1 keeps a buffer alive): the run
     # tests/test_ranks.py reads, made once per session (tests/shared_runs.py)
     run_db, out = heavy_rank_run(tmp_path_factory)
     assert out.returncode == 0, out.stderr
@@ -173,5 +173,5 @@ def test_torchrun_ranks_recorded_not_the_launcher(tmp_path_factory: pytest.TempP
         rows = conn.execute(
             "SELECT rank, local_rank, world_size, status, (SELECT count(*) FROM steps s WHERE s.proc = p.id)"
             " FROM processes p ORDER BY rank").fetchall()
-    assert rows == [(0, 0, 2, "stopped", 4), (1, 1, 2, "stopped", 4)]
-    assert report_json(run_db)["run"]["steps"] == 4
+    assert rows == [(0, 0, 2, "stopped", 6), (1, 1, 2, "stopped", 6)]
+    assert report_json(run_db)["run"]["steps"] == 6

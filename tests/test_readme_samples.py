@@ -15,23 +15,38 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import doc_samples as ds  # noqa: E402
+from shared_runs import shared_attach, shared_ddp  # noqa: E402
 
 BLOCKS = ds.all_blocks()
+
+
+def ds_shared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[ds.Shared], Path]:
+    """A group's setup run that other tests make too: the session's run (tests/shared_runs.py)."""
+    def get(run: ds.Shared) -> Path:
+        if run.ddp:
+            db, _ = shared_ddp(tmp_path_factory, *run.command)
+        else:
+            db, _ = shared_attach(tmp_path_factory, list(run.options), list(run.command))
+        return db
+    return get
+
+
 GROUP_NAMES = sorted({b.group for b in BLOCKS})
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # a group is several real runs, on a loaded 2-core machine
 @pytest.mark.parametrize("group", [g for g in GROUP_NAMES if g not in ds.SECOND_FILE])
-def test_samples_are_what_the_program_prints(group: str) -> None:
+def test_samples_are_what_the_program_prints(group: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """This file's half of the groups (the other half: tests/test_readme_samples_more.py)."""
-    problems = ds.stale(group, BLOCKS)
+    problems = ds.stale(group, BLOCKS, ds_shared(tmp_path_factory))
     assert not problems, ("stale samples (refresh: python tests/test_readme_samples.py --update "
                           f"{group}):\n\n" + "\n\n".join(problems))
 

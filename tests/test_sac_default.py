@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import forget_compiles, memscope, report_json
+from shared_runs import shared_attach
 from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
@@ -217,19 +218,20 @@ def _tensor_peak(db: str) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_plain_attach_suggests_selective_checkpointing_within_25_percent(tmp_path: Path) -> None:
+def test_plain_attach_suggests_selective_checkpointing_within_25_percent(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """``memscope attach`` of tiny_gpt with the defaults: the profile is taken in step 2, and
     ``report`` (JSON and text) suggests selective_checkpointing. Its estimated saving is within
     25% of the saving measured when the suggested plan is applied for real (whatif's trial:
-    exact live tensor bytes of step 1, with and without the plan)."""
-    db = tmp_path / "plain.db"
+    exact live tensor bytes of step 1, with and without the plan). The plain run is made once per
+    session (tests/shared_runs.py): docs/contracts.md's samples read it too."""
     trial_options = {**run_options(2), "try_techniques": ["selective_checkpointing"], "sac_save": ["aten.addmm"]}
     with ThreadPoolExecutor(3) as pool:  # the plain run, and whatif's baseline and trial of the plan
-        plain = pool.submit(memscope, "attach", "--headless", "--db", str(db), str(TINY_GPT), "--steps", "4",
+        plain = pool.submit(shared_attach, tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "4"],
                             timeout=240)
         runs = [pool.submit(run_recorded, str(TINY_GPT), ["--steps", "4"], str(tmp_path / f"{name}.db"), options)
                 for name, options in (("base", run_options(2)), ("trial", trial_options))]
-        out, (base, trial) = plain.result(), [r.result() for r in runs]
+        (db, out), (base, trial) = plain.result(), [r.result() for r in runs]
     assert out.returncode == 0, out.stderr
     profiles = _events(db, "sac_profile")
     assert len(profiles) == 1 and profiles[0]["step"] == 2 and _events(db, "sac_profile_skipped") == []
