@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, cli, memscope
+from conftest import cli, memscope
 from shared_runs import shared_ddp
+from test_leaks import example_40_steps
 from memscope.analysis.summary import summarize
 from memscope.analysis.timeline import memory_timeline
 from memscope.report.html import CHART_H, CHART_W, OOM_COLOR, PAD_L, PAD_R, PALETTE
@@ -202,10 +203,8 @@ def test_html_without_samples_draws_no_line(tmp_path: Path) -> None:
     assert pixels_near(rows, CHART_BOX, hex_rgb(PALETTE[0])) == []
 
 
-def test_html_leak_and_fix(tmp_path: Path) -> None:
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--inventory-every", "2", "--db", str(db),
-                   str(EXAMPLES / "leaky.py"), "--steps", "16", "--width", "128", "--batch", "32")
+def test_html_leak_and_fix(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    db, out = example_40_steps(tmp_path_factory, "leaky")  # tests/test_leaks.py's run
     assert out.returncode == 0, out.stderr
     text = write_html(db, tmp_path)[0].read_text()
     assert_self_contained(text)
@@ -275,13 +274,12 @@ class _Tables(HTMLParser):
     ("local_list", "__main__.train.<locals>.history", "examples/leaks/local_list.py:27", "(model)"),
     ("hook_cache", "__main__.model.2.cache", "examples/leaks/hook_cache.py:16", "2"),
 ])
-def test_html_leaks_table_has_site_and_module(tmp_path: Path, example: str, held_by: str, site: str,
-                                              module: str) -> None:
+def test_html_leaks_table_has_site_and_module(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                              example: str, held_by: str, site: str, module: str) -> None:
     """The leaks table says where the leaked tensors were stored and which module's forward made
-    them, as `memscope leaks` does; a holder's <locals> is text on the page, not a tag."""
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "leaks" / f"{example}.py"),
-                   "--steps", "16")
+    them, as `memscope leaks` does; a holder's <locals> is text on the page, not a tag. The runs
+    (40 steps at default options) are tests/test_leaks.py's, made once per session."""
+    db, out = example_40_steps(tmp_path_factory, example)
     assert out.returncode == 0, out.stderr
     text = write_html(db, tmp_path)[0].read_text()
     assert "<locals>" not in text  # escaped wherever it appears

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from conftest import SCRIPTS, memscope, report_json
+from shared_runs import shared_attach
 
 
 @pytest.fixture(scope="module")
 def holders_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    db = tmp_path_factory.mktemp("holders") / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "leak_holders.py"), "12")
+    # made once per session (tests/shared_runs.py): the dashboard's layout test reads it too
+    db, out = shared_attach(tmp_path_factory, [], ["tests/scripts/leak_holders.py", "12"])
     assert out.returncode == 0, out.stderr
     return report_json(db)
 

@@ -137,13 +137,21 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+def example_40_steps(tmp_path_factory: pytest.TempPathFactory,
+                     name: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A leak example run 40 steps at default options, made once per session (tests/shared_runs.py):
+    tests/test_html.py reads leaky's, local_list's and hook_cache's too."""
+    script = str(CASES[name]["script"].relative_to(ROOT))
+    extra = ["--width", "128", "--batch", "32"] if name == "leaky" else []
+    return shared_attach(tmp_path_factory, [], [script, "--steps", "40", *extra])
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def example_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 ) -> tuple[dict[str, Any], Path, dict[str, Any]]:
     case = CASES[request.param]
-    db = tmp_path_factory.mktemp("leaks") / f"{request.param}.db"
-    args = ["--steps", "40"] + (["--width", "128", "--batch", "32"] if request.param == "leaky" else [])
-    attach(db, case["script"], *args)
+    db, out = example_40_steps(tmp_path_factory, request.param)
+    assert out.returncode == 0, out.stderr
     return case, db, report_json(db)
 
 

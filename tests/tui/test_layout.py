@@ -255,18 +255,13 @@ async def test_hostile_names_at_80x24(tmp_path: Path) -> None:
         assert cells(header)[:4] == ["module", "type", "saved", "share"] and len(rows) > 5
 
 
-async def test_more_leaks_than_fit_are_counted(tmp_path: Path) -> None:
+async def test_more_leaks_than_fit_are_counted(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Eight leaks (tests/scripts/leak_holders.py) at 80x24: the verdicts show whole leak lines
-    and then how many more there are, within their five lines; nothing is cut."""
-    import subprocess
-    import sys
+    and then how many more there are, within their five lines; nothing is cut. The run is
+    tests/test_leak_holders.py's, made once per session (tests/shared_runs.py)."""
+    from conftest import _shared
 
-    db = tmp_path / "holders.db"
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
-                          "tests/scripts/leak_holders.py", "12"], cwd=root, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
+    db = _shared(tmp_path_factory, "tests/scripts/leak_holders.py", "12")
     app = MemscopeApp(str(db))
     async with app.run_test(size=SMALL) as pilot:
         await loaded(pilot, app, "3")
