@@ -80,9 +80,7 @@ GROUPS: dict[str, list[str | Shared]] = {
     "workers": ["memscope attach --headless --db run.db examples/leaks/dataloader_workers.py"],
     "compile": ["memscope attach --headless --db compile.db tests/compat/cases/compile.py out.pt submodule"],
     "ckpt": ["memscope attach --headless --db ckpt.db tests/compat/cases/checkpointing.py out.pt"],
-    "accumulate": ["python -c 'import sys; sys.path.insert(0, \"tests\"); "
-                   "from test_layers_accumulation import SCRIPT; open(\"accumulate.py\", \"w\").write(SCRIPT)'",
-                   "memscope attach --headless --db acc.db accumulate.py 16,64,32,8"],
+    "accumulate": [Shared("acc.db", ("tests/scripts/accumulate.py", "16,64,32,8"))],
     "oom": ["(ulimit -v 2800000; memscope attach --headless --db repro.db examples/double_batch.py) || true"],
     "diff": ["memscope attach --headless --db plain.db examples/tiny_gpt.py --steps 8 --batch 16 --seq 128 --layers 4",
              "memscope attach --headless --db ckpt.db examples/tiny_gpt.py --steps 8 --batch 16 --seq 128 --layers 4 "

@@ -14,34 +14,20 @@ from typing import Any
 
 import pytest
 
-from conftest import cli, memscope, report_json
+from conftest import SCRIPTS, cli, memscope, report_json
+from shared_runs import shared_attach
 
 F32 = 4
 D_IN, D_H = 256, 1024
 
-SCRIPT = """
-import sys
-import torch
-import torch.nn as nn
-
-torch.manual_seed(0)
-sizes = [int(s) for s in sys.argv[1].split(",")]  # the micro-batches of one optimizer step
-model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for step in range(3):
-    for b in sizes:
-        loss = model(torch.randn(b, 256)).pow(2).mean() / len(sizes)
-        loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-"""
+SCRIPT_PATH = SCRIPTS / "accumulate.py"  # micro-batches of argv[1]'s sizes, 3 optimizer steps
+SCRIPT = SCRIPT_PATH.read_text()
 
 
-def attach(tmp_path: Path, sizes: str) -> Path:
-    script = tmp_path / "accumulate.py"
-    script.write_text(SCRIPT)
-    db = tmp_path / f"acc-{sizes.replace(',', '-')}.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(script), sizes, timeout=300)
+def attach(tmp_path_factory: pytest.TempPathFactory, sizes: str) -> Path:
+    """tests/scripts/accumulate.py SIZES under attach at default options, made once per session
+    (tests/shared_runs.py): docs/layers.md's sample and the dashboard read some of these runs too."""
+    db, out = shared_attach(tmp_path_factory, [], ["tests/scripts/accumulate.py", sizes], timeout=300)
     assert out.returncode == 0, out.stderr
     return db
 
@@ -58,8 +44,8 @@ def layers_json(db: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("sizes, largest", [("64,64,64,64", 64), ("16,64,32,8", 64)])
-def test_hotspots_are_one_micro_batch(tmp_path: Path, sizes: str, largest: int) -> None:
-    db = attach(tmp_path, sizes)
+def test_hotspots_are_one_micro_batch(tmp_path_factory: pytest.TempPathFactory, sizes: str, largest: int) -> None:
+    db = attach(tmp_path_factory, sizes)
     report = report_json(db)
     activations = report["peak"]["breakdown"]["activations"]
     spots = {h["module"]: h["activation_bytes"] for h in report["hotspots"]}
@@ -82,8 +68,8 @@ def test_hotspots_are_one_micro_batch(tmp_path: Path, sizes: str, largest: int) 
     assert "per micro-batch (4 in the step" in cli("report", str(db)).stdout
 
 
-def test_without_accumulation_nothing_changes(tmp_path: Path) -> None:
-    db = attach(tmp_path, "64")
+def test_without_accumulation_nothing_changes(tmp_path_factory: pytest.TempPathFactory) -> None:
+    db = attach(tmp_path_factory, "64")
     report = report_json(db)
     assert {h["module"]: h["activation_bytes"] for h in report["hotspots"]} == saved_by(64)
     assert report["hotspots_micro_batches"] == 1
@@ -124,11 +110,11 @@ def test_a_model_outside_the_largest_micro_batch_keeps_its_rows(tmp_path: Path) 
     assert saved["Sequential:0"] == saved["0"] == 32 * 64 * F32  # each first Linear's input
 
 
-def test_accumulation_advice_counts_the_micro_batches_already_there(tmp_path: Path) -> None:
+def test_accumulation_advice_counts_the_micro_batches_already_there(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A script that already accumulates 2 micro-batches is told to go to 4, not to start
     accumulating; the same batch in one forward is told to start."""
     def advice(sizes: str) -> str:
-        doc = report_json(attach(tmp_path, sizes))
+        doc = report_json(attach(tmp_path_factory, sizes))
         (s,) = [s for s in doc["suggestions"] if s["technique"] == "gradient_accumulation"]
         return str(s["how"])
 

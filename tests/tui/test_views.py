@@ -105,30 +105,14 @@ async def test_layers_match_the_hotspots(tiny_run: Path, tiny_report: dict[str, 
     assert caption.startswith("step ")
 
 
-ACCUMULATE = """
-import torch
-import torch.nn as nn
-
-model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(3):
-    for micro in range(4):  # gradient accumulation: 4 micro-batches per optimizer step
-        model(torch.randn(64, 256)).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-"""
-
-
-async def test_layers_say_per_micro_batch(tmp_path: Path) -> None:
+async def test_layers_say_per_micro_batch(tmp_path_factory: pytest.TempPathFactory) -> None:
     """With gradient accumulation the caption says the rows are per micro-batch, and the rows
-    are the analysis' (one micro-batch each: none above the step's activations at their peak)."""
-    from conftest import memscope
+    are the analysis' (one micro-batch each: none above the step's activations at their peak).
+    Four micro-batches of 64 rows per optimizer step: tests/test_layers_accumulation.py's run,
+    made once per session (tests/shared_runs.py)."""
+    from conftest import _shared
 
-    script = tmp_path / "accumulate.py"
-    script.write_text(ACCUMULATE)
-    db = tmp_path / "acc.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(script), timeout=300)
-    assert out.returncode == 0, out.stderr
+    db = _shared(tmp_path_factory, "tests/scripts/accumulate.py", "64,64,64,64")
     app = MemscopeApp(str(db))
     async with app.run_test(size=(80, 24)) as pilot:
         await opened(pilot, app, "2")
