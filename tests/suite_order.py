@@ -18,7 +18,7 @@ import pytest
 HEAVY: dict[str, float] = {
     "tests/test_advice_accuracy.py": 158,
     "tests/test_sac_curve.py": 106,
-    "tests/test_readme_samples.py": 73,  # with accumulate, from the other half (doc_samples.SECOND_FILE)
+    "tests/test_readme_samples.py": 64,  # with accumulate (doc_samples.SECOND_FILE); b.db a copy (56 -> 49 s here)
     "tests/test_oom_at_failure.py": 71,
     "tests/test_leak_lengths.py": 62,
     "tests/test_readme_samples_more.py": 60,  # fit's command run once, not twice (84 before)

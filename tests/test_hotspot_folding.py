@@ -7,14 +7,16 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, cli, memscope
+from conftest import cli
 from memscope.analysis.hotspots import hotspots
+from shared_runs import shared_attach
 
 
 @pytest.fixture(scope="module")
 def layers(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], list[dict]]:
-    db = tmp_path_factory.mktemp("fold") / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"), "--steps", "3")
+    # the 8-step run at default options (step 1 profiled) the dashboard, layers, ranks and OOM
+    # tests read, made once per session (tests/shared_runs.py)
+    db, out = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
     assert out.returncode == 0, out.stderr
     flat = cli("layers", str(db), "--json")
     folded = cli("layers", str(db), "--depth", "1", "--json")
