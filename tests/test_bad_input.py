@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, memscope
+from conftest import SCRIPTS, memscope
 from memscope.store.schema import SCHEMA_VERSION
+from shared_runs import shared_attach
 
 
 def one_error_line(out) -> str:  # type: ignore[no-untyped-def]
@@ -83,10 +84,11 @@ def test_report_on_files_that_are_not_runs(tmp_path: Path) -> None:
         assert words in one_error_line(out)
 
 
-def test_truncated_and_newer_run_files(tmp_path: Path) -> None:
-    db = tmp_path / "r.db"
-    assert memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"),
-                    "--steps", "3").returncode == 0
+def test_truncated_and_newer_run_files(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # a finished run file (read, never written: the damaged files are copies): the session's
+    # 8-step tiny_gpt run at default options (tests/shared_runs.py)
+    db, res = shared_attach(tmp_path_factory, [], ["examples/tiny_gpt.py", "--steps", "8"])
+    assert res.returncode == 0, res.stderr
     truncated = tmp_path / "truncated.db"
     data = db.read_bytes()
     truncated.write_bytes(data[: len(data) // 3])
