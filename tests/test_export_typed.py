@@ -131,7 +131,8 @@ def test_a_number_or_blob_equal_to_a_word(oom_example_run: Path, tmp_path: Path,
     with monkeypatch.context() as m:
         m.setattr(sql_text, "CHUNK", 16384)
         with RunReader(db) as reader:
-            assert word in table_text.typed_line(reader, '"samples"', table_text.columns_of(reader, '"samples"')).params.values()
+            columns = table_text.columns_of(reader, '"samples"')
+            assert word in table_text.typed_line(reader, '"samples"', columns).params.values()
     typed = export(db, ["samples"])
     assert typed == untyped(db, monkeypatch, ["samples"])
     last = typed["samples"].splitlines()[-1].split(",")[3]
