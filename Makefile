@@ -12,11 +12,9 @@ $(BIN)/python:
 
 # torch is the user's own: install the pinned CPU build only when the venv has none, and never
 # let installing memscope replace it (torch is not among memscope's requirements).
-# --no-compile: pip would byte-compile every module of torch, transformers ... (26 s of a fresh
-# install here); Python compiles the ones a run imports, once, on first import.
 $(STAMP): $(BIN)/python pyproject.toml tui/pyproject.toml
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q --no-compile "torch==2.13.0" numpy
-	$(BIN)/python -m pip install -q --no-compile -e ".[test]" -e ./tui
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "torch==2.13.0" numpy
+	$(BIN)/python -m pip install -q -e ".[test]" -e ./tui
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,7 +23,7 @@ install: $(STAMP)
 # only, with the venv's own torch pinned as a constraint so neither can replace it.
 $(TSTAMP): $(STAMP)
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
-	$(BIN)/python -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[test,integrations]"
+	$(BIN)/python -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[test,integrations]"
 	touch $(TSTAMP)
 
 demo: install
