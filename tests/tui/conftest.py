@@ -34,6 +34,7 @@ shared_attach = _top.shared_attach
 shared_ddp = _top.shared_ddp
 cli = _top.cli
 graph_malloc = _top.graph_malloc
+forget_compiles = _top.forget_compiles
 
 
 def _attach(db: Path, *command: str, ok: bool = True) -> None:
