@@ -7,7 +7,6 @@ tensor inventory so the readers can measure what a retained autograd node costs 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Any
 
 _FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
@@ -27,7 +26,9 @@ def _mallinfo2() -> Any:
     if not _looked:
         _looked = True
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            # the process's own symbols (libc's among them): ctypes.util.find_library("c") would
+            # run ldconfig (or a compiler) as a child of the training, 10 ms at the first inventory
+            libc = ctypes.CDLL(None)
             fn = libc.mallinfo2  # AttributeError before glibc 2.33 (mallinfo's ints wrap at 2 GiB)
             fn.restype = _MallInfo2
             fn.argtypes = []
