@@ -58,9 +58,12 @@ class LeakCollector:
     def step_closed(self, step: int, step_s: float, level: int | None = None) -> None:
         """At the boundary that closed ``step`` (which took ``step_s``); ``level``: host RSS, or
         CUDA allocated bytes when CUDA is in use, at this boundary."""
-        self._sites_boundary(step)
+        sites = self.sites
+        if self._sites_cleanup or not sites.idle:  # (most boundaries: neither)
+            self._sites_boundary(step)
         self._inventory_step(step, step_s, level)
-        self._sites_start()
+        if self.suspects.new_for_sites or not sites.idle:
+            self._sites_start()
 
     def stop(self) -> None:
         try:

@@ -167,6 +167,11 @@ class SiteCapture:
 
     # -- arming and the step boundaries --------------------------------------------------------
 
+    @property
+    def idle(self) -> bool:
+        """Nothing armed and nothing waiting: a step boundary has no work here."""
+        return self._phase is None and not self._pending
+
     def request(self, sigs: set[Signature] | frozenset[Signature]) -> None:
         """Ask for the sites of ``sigs``; capture starts at ``start_pending`` when idle."""
         self._pending |= set(sigs)

@@ -237,11 +237,13 @@ class OomRecorder:
 
     # -- step boundaries -----------------------------------------------------------------------
 
-    def step_closed(self, memory_share: float, profiled_next: bool, roots: list[Any],
+    def step_closed(self, memory_share: float, profiled_next: bool, roots: list[Any] | None,
                     catch_forward: bool) -> None:
         """At a step boundary: arm the global hooks for the next step or not (see oom_hooks),
-        and with ``--catch-forward-oom`` hook the root models found so far."""
-        self.armed.see_roots(roots)
+        and with ``--catch-forward-oom`` hook the root models found so far. ``roots``: models
+        found elsewhere (the layer profiler's) since the last boundary, None when none can be."""
+        if roots:
+            self.armed.see_roots(roots)
         arm = (profiled_next or memory_share >= ARM_SHARE or self._oom_in_step) and not self.armed.compiled
         self._oom_in_step = False
         self.armed.new_step()

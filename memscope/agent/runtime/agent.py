@@ -75,6 +75,7 @@ class Agent:
         self.running = False
         self.samples = 0
         self._sampled_at = 0.0  # when the last sample was taken
+        self._half_sample_s = 0.5 / options.sample_hz  # see _boundary_sample_due
         self.device = "cpu"
         self._lock = threading.Lock()
         # The sampler thread and the training thread (at step boundaries) both take samples;
@@ -340,7 +341,7 @@ class Agent:
     def _boundary_sample_due(self) -> bool:
         """Whether a step boundary takes a sample: not when the last one (the sampler's or a
         boundary's) is younger than half the sampling interval (see :meth:`_tick`)."""
-        return time.time() - self._sampled_at >= 0.5 / self.options.sample_hz
+        return time.time() - self._sampled_at >= self._half_sample_s
 
     def _sample_once(self) -> None:
         t = self._sampled_at = time.time()
@@ -417,51 +418,53 @@ class Agent:
         try:
             return fn(*args)
         except Exception as exc:
-            if name not in self._step_failures:
-                self._step_failures.add(name)
-                self.event("warning", f"step boundary: {name} failed from step "
-                                      f"{self._tracker.step}: {type(exc).__name__}: {exc}",
-                           {"part": name, "error": f"{type(exc).__name__}: {exc}"})
+            self._part_failed(name, exc)
             return None
+
+    def _part_failed(self, name: str, exc: BaseException) -> None:
+        if name not in self._step_failures:
+            self._step_failures.add(name)
+            self.event("warning", f"step boundary: {name} failed from step "
+                                  f"{self._tracker.step}: {type(exc).__name__}: {exc}",
+                       {"part": name, "error": f"{type(exc).__name__}: {exc}"})
 
     def _step_close_failed(self, step: int, exc: BaseException) -> None:
         """A boundary that failed before its row was queued: the step is lost, and said so."""
         self._writer.count_lost_step(f"a step boundary failed: {type(exc).__name__}: {exc}")
 
     def _on_step_close(self, step: int, start: float, end: float) -> None:
-        self._peak.step_closed(step)  # first: the boundary's own tensor work is not the step's
-        # Every part is called only when it has work: on steps of ~1 ms, each call that returns
-        # at once still costs (2,000 boundaries a run of tiny steps)
-        if self._layers.active:
+        # Every part is called only when it has work, each asked through an attribute: on steps
+        # of ~1 ms the boundary runs 2,000 times a run, with the caches cold after the step's
+        # own work (the same code costs about three times what it does in a loop)
+        peak = self._peak
+        if peak.peak is not None:
+            peak.step_closed(step)  # first: the boundary's own tensor work is not the step's
+        profiled = self._layers.active
+        if profiled:
             self._step_part("layers", self._layers_close, step)
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
-        if self._boundary_sample_due():
+        if end - self._sampled_at >= self._half_sample_s:  # see _boundary_sample_due
             self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
-        mem = self._step_part("memory reading", self._rss.rss_vms)
-        rss_now, vms_now = mem if mem is not None else (None, None)
+        try:
+            rss_now, vms_now = self._rss.rss_vms()
+        except Exception as exc:
+            self._part_failed("memory reading", exc)
+            rss_now = vms_now = None
         cuda_share = 0.0
+        peak_alloc = peak_reserved = end_alloc = None
         with self._lock:
             peak_rss = self._rss_peak.close(hwm, rss_now)
-            peak_alloc = peak_reserved = end_alloc = None
-            for index, (alloc, reserved) in self._cuda_peaks.items():
-                try:
-                    stats = cuda.read_device_stats(index)
-                except Exception:
-                    continue
-                peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
-                device_reserved = reserved.close(stats["reserved_peak"], stats["reserved"])
-                peak_reserved = (peak_reserved or 0) + device_reserved
-                end_alloc = (end_alloc or 0) + int(stats["allocated"] or 0)
-                limit = self._cuda_limits.get(index)
-                if limit:
-                    cuda_share = max(cuda_share, device_reserved / limit)
+            if self._cuda_peaks:
+                peak_alloc, peak_reserved, end_alloc, cuda_share = self._close_cuda_peaks()
         self._writer.insert("steps", {"proc": self.proc_id, "step": step, "start": start, "end": end,
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok",
                                       "end_rss": rss_now, "end_allocated": end_alloc})
-        self._guard_call("oom", self._oom_step_close, cuda_share, peak_rss, vms_now, step + 1)
+        # the layers' models change only on a profiled step: handed over after one
+        self._guard_call("oom", self._oom_step_close, cuda_share, peak_rss, vms_now, step + 1,
+                         profiled or step == 0)
         # inventories (the memory level here can pull one forward), leak suspects' sites
         level = end_alloc if end_alloc is not None else rss_now
         self._step_part("inventory", self._leaks.step_closed, step, end - start, level or 0)
@@ -469,8 +472,29 @@ class Agent:
             self._step_part("block profile", self._block_profile_next, step)
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
-        self._layers_next(step + 1)
-        self._peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
+        if self._layers_enabled and self.options.profiles_layers(step + 1):
+            self._layers_next(step + 1)
+        if peak.step == step + 1:
+            peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
+
+    def _close_cuda_peaks(self) -> tuple[int | None, int | None, int | None, float]:
+        """Under the lock, at a step boundary: each CUDA device's step peaks closed (allocated,
+        reserved), the bytes allocated now, and the largest reserved share of a device limit."""
+        cuda_share = 0.0
+        peak_alloc = peak_reserved = end_alloc = None
+        for index, (alloc, reserved) in self._cuda_peaks.items():
+            try:
+                stats = cuda.read_device_stats(index)
+            except Exception:
+                continue
+            peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
+            device_reserved = reserved.close(stats["reserved_peak"], stats["reserved"])
+            peak_reserved = (peak_reserved or 0) + device_reserved
+            end_alloc = (end_alloc or 0) + int(stats["allocated"] or 0)
+            limit = self._cuda_limits.get(index)
+            if limit:
+                cuda_share = max(cuda_share, device_reserved / limit)
+        return peak_alloc, peak_reserved, end_alloc, cuda_share
 
     def _block_profile_next(self, step: int) -> None:
         """The selective-checkpointing profile (memscope.agent.whatif.sac_once): at the boundary
@@ -494,14 +518,15 @@ class Agent:
         return dict(self._last_breakdown) if self._last_breakdown else None
 
     def _oom_step_close(self, cuda_share: float, peak_rss: int | None, vms: int | None,
-                        next_step: int) -> None:
+                        next_step: int, new_roots: bool) -> None:
         """The closed step's peak as a share of what the process may use: ``cuda_share`` of a
-        device's, or the host's (``peak_rss``, address space ``vms``)."""
+        device's, or the host's (``peak_rss``, address space ``vms``). ``new_roots``: the layer
+        profiler may know models the OOM hooks have not seen (after a profiled step)."""
         memory_share = max(cuda_share, self._oom.host_share(peak_rss, vms))
         self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
         self._oom.record_observed_leftovers(self)
         profiled_next = self._layers_enabled and self.options.profiles_layers(next_step)
-        self._oom.step_closed(memory_share, profiled_next, self._layers.roots(),
+        self._oom.step_closed(memory_share, profiled_next, self._layers.roots() if new_roots else None,
                               self.options.catch_forward_oom)
 
     def nvml_memory(self, index: int) -> dict[str, int | None] | None:
@@ -526,17 +551,10 @@ class Agent:
             self._oom.pending_failed = None
             hwm = rss_high_water_mark()
             rss_now = self._rss()
-            peak_alloc = peak_reserved = None
             with self._lock:
                 peak_rss = self._rss_peak.close(hwm, rss_now)
                 # the failing step's CUDA peak too: it is the run's peak when memory ran out there
-                for index, (alloc, reserved) in self._cuda_peaks.items():
-                    try:
-                        stats = cuda.read_device_stats(index)
-                    except Exception:
-                        continue
-                    peak_alloc = (peak_alloc or 0) + alloc.close(stats["allocated_peak"], stats["allocated"])
-                    peak_reserved = (peak_reserved or 0) + reserved.close(stats["reserved_peak"], stats["reserved"])
+                peak_alloc, peak_reserved, _now, _share = self._close_cuda_peaks()
             self._writer.insert("steps", {"proc": self.proc_id, "step": pending["step"],
                                           "start": pending["start"], "end": time.time(),
                                           "peak_rss": peak_rss, "peak_allocated": peak_alloc,
