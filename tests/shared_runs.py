@@ -91,3 +91,18 @@ def shared_ddp(tmp_path_factory: pytest.TempPathFactory, *script_args: str,
     return shared_attach(tmp_path_factory, [], [
         "--", str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
         "tests/scripts/ddp.py", *script_args], timeout=timeout)
+
+
+LOOP_STEPS = 6
+
+
+def shared_loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``memscope attach --headless`` of ``tests/scripts/loop.py --steps 6`` at default options,
+    once per session: the finished run file of the tests that need one to read, or to copy and
+    then change (an existing file that ``--force`` replaces, a file moved onto a live run's
+    path, a -wal left beside it): tests/test_report_text.py, tests/test_sac_default.py,
+    tests/test_bad_input.py, tests/faults/test_live_file.py. The run file and what the attach
+    returned."""
+    db, out = shared_attach(tmp_path_factory, [], ["tests/scripts/loop.py", "--steps", str(LOOP_STEPS)])
+    assert out.returncode == 0, out.stderr
+    return db, out

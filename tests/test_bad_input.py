@@ -10,7 +10,7 @@ import pytest
 
 from conftest import SCRIPTS, memscope
 from memscope.store.schema import SCHEMA_VERSION
-from shared_runs import shared_attach
+from shared_runs import shared_attach, shared_loop
 
 
 def one_error_line(out) -> str:  # type: ignore[no-untyped-def]
@@ -48,10 +48,9 @@ def test_syntax_error_is_the_scripts_own(tmp_path: Path) -> None:
     assert "memscope/" not in out.stderr  # no memscope frames in the traceback
 
 
-def test_existing_run_file_is_refused_without_force(tmp_path: Path) -> None:
-    db = tmp_path / "r.db"
-    first = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "loop.py"), "--steps", "2")
-    assert first.returncode == 0
+def test_existing_run_file_is_refused_without_force(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    db = tmp_path / "r.db"  # a finished run's file: a copy of the session's loop.py run (tests/shared_runs.py)
+    shutil.copy(shared_loop(tmp_path_factory)[0], db)
     before = db.read_bytes()
     out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "loop.py"), "--steps", "3")
     assert out.returncode == 2 and "--force" in one_error_line(out)

@@ -4,6 +4,7 @@ notes print sizes for people, on real runs of tests/scripts/loop.py under ``mems
 from __future__ import annotations
 
 import re
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -11,11 +12,12 @@ import pytest
 
 from conftest import SCRIPTS, cli, memscope, report_json
 from memscope.units import human_bytes
+from shared_runs import LOOP_STEPS, shared_loop
 
 
 def attach(db: Path, *options: str) -> None:
     res = memscope("attach", "--headless", "--db", str(db), *options, str(SCRIPTS / "loop.py"),
-                   "--steps", "6")
+                   "--steps", str(LOOP_STEPS))
     assert res.returncode == 0, res.stderr
 
 
@@ -30,11 +32,16 @@ def breakdown_steps(db: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("every", [None, "1"], ids=["default-cadence", "every-step"])
-def test_breakdown_line_names_its_step(tmp_path: Path, every: str | None) -> None:
+def test_breakdown_line_names_its_step(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                      every: str | None) -> None:
     """Default cadence: one profiled step, usually not where the peak is; every step profiled:
-    the breakdown is the peak step's own. Either way the line says which step."""
-    db = tmp_path / "run.db"
-    attach(db, *(["--layers-every", every] if every else []))
+    the breakdown is the peak step's own. Either way the line says which step. (At the default
+    cadence the session's loop.py run, read only: tests/shared_runs.py.)"""
+    if every:
+        db = tmp_path / "run.db"
+        attach(db, "--layers-every", every)
+    else:
+        db, _ = shared_loop(tmp_path_factory)
     peak_step = report_json(db)["peak"]["step"]
     measured = breakdown_steps(db)
     assert measured
@@ -52,11 +59,11 @@ def test_breakdown_line_names_its_step(tmp_path: Path, every: str | None) -> Non
         assert bd.endswith(f" (measured at profiled step 1, not at the peak's step {peak_step})"), bd
 
 
-def test_pending_wal_note_in_human_units(tmp_path: Path) -> None:
+def test_pending_wal_note_in_human_units(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A finished run's -wal that was never folded in (a copy taken with a reader still writing):
-    the note says how big, in units a person reads."""
+    the note says how big, in units a person reads. (A copy of the session's loop.py run.)"""
     db = tmp_path / "run.db"
-    attach(db)
+    shutil.copy(shared_loop(tmp_path_factory)[0], db)
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA journal_mode = WAL").fetchone() == ("wal",)

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import forget_compiles, memscope, report_json
-from shared_runs import shared_attach
+from shared_runs import shared_attach, shared_loop
 from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
@@ -255,14 +255,19 @@ def test_plain_attach_suggests_selective_checkpointing_within_25_percent(
     (ROOT / "tests" / "scripts" / "sac_limits.py", "compiled"),  # with --compile (aot_eager)
     (ROOT / "tests" / "scripts" / "loop.py", "no_blocks"),  # a Sequential of Linear layers
 ], ids=["compiled", "no-blocks"])
-def test_no_profile_and_an_event_saying_why(tmp_path: Path, script: Path, reason: str) -> None:
-    db = tmp_path / "run.db"
-    extra = ["--compile"] if reason == "compiled" else []
-    out = memscope("attach", "--headless", "--db", str(db), str(script), "--steps", "5", *extra, timeout=240)
+def test_no_profile_and_an_event_saying_why(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                            script: Path, reason: str) -> None:
+    if reason == "compiled":
+        db = tmp_path / "run.db"
+        out = memscope("attach", "--headless", "--db", str(db), str(script), "--steps", "5", "--compile",
+                       timeout=240)
+    else:  # the session's 6-step loop.py run at default options, read only (tests/shared_runs.py)
+        db, out = shared_loop(tmp_path_factory)
+        assert script.name == "loop.py"
     assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
     skipped = _events(db, "sac_profile_skipped")
     assert [s["reason"] for s in skipped] == [reason] and _events(db, "sac_profile") == []
-    assert "Traceback" not in out.stdout + out.stderr
     assert not any(s["technique"] == "selective_checkpointing" for s in report_json(db)["suggestions"])
 
 

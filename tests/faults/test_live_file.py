@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from conftest import ROOT, SCRIPTS, memscope
 from faults.runs import LOOP, finish, integrity, report, start_attach, steps_recorded, wait_steps
 from memscope.store.reader import RunReader
+from shared_runs import LOOP_STEPS, shared_loop
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,9 +48,10 @@ def test_force_refuses_a_live_runs_file(tmp_path: Path) -> None:
     assert data["run"]["command"][-6:-4] == ["--steps", "40"] and data["run"]["status"] == "finished"
 
 
-def test_force_refuses_a_file_another_process_holds_locked(tmp_path: Path) -> None:
-    db = tmp_path / "r.db"
-    assert memscope("attach", "--headless", "--db", str(db), LOOP, "--steps", "3").returncode == 0
+def test_force_refuses_a_file_another_process_holds_locked(tmp_path: Path,
+                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    db = tmp_path / "r.db"  # a finished run's file: a copy of the session's loop.py run (tests/shared_runs.py)
+    shutil.copy(shared_loop(tmp_path_factory)[0], db)
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -58,18 +61,19 @@ def test_force_refuses_a_file_another_process_holds_locked(tmp_path: Path) -> No
         holder.close()
     assert res.returncode != 0 and "holds a lock" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
-    assert steps_recorded(db) == [0, 1, 2]
+    assert steps_recorded(db) == list(range(LOOP_STEPS))
     # once nothing holds it, --force replaces a finished run as before
     assert memscope("attach", "--headless", "--force", "--db", str(db), LOOP, "--steps", "2").returncode == 0
     assert steps_recorded(db) == [0, 1]
 
 
 @pytest.mark.parametrize("other", ["sqlite", "run"])
-def test_a_file_moved_onto_the_run_path_is_never_written(tmp_path: Path, other: str) -> None:
+def test_a_file_moved_onto_the_run_path_is_never_written(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                        other: str) -> None:
     db = tmp_path / "r.db"
     stranger = tmp_path / "other.db"
-    if other == "run":  # another memscope run, finished
-        assert memscope("attach", "--headless", "--db", str(stranger), LOOP, "--steps", "2").returncode == 0
+    if other == "run":  # another memscope run, finished: a copy of the session's loop.py run
+        shutil.copy(shared_loop(tmp_path_factory)[0], stranger)
     else:
         conn = sqlite3.connect(stranger)
         conn.executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1), (2);")
@@ -83,9 +87,9 @@ def test_a_file_moved_onto_the_run_path_is_never_written(tmp_path: Path, other: 
     assert code == 0
     assert "was replaced by another file during the run" in err and "not touched" in err
     assert integrity(db) == "ok"
-    if other == "run":  # still the other run, its own two steps and command
-        assert steps_recorded(db) == [0, 1]
-        assert report(db)["run"]["command"][-2:] == ["--steps", "2"]
+    if other == "run":  # still the other run, its own steps and command
+        assert steps_recorded(db) == list(range(LOOP_STEPS))
+        assert report(db)["run"]["command"][-2:] == ["--steps", str(LOOP_STEPS)]
     else:
         conn = sqlite3.connect(db)
         assert conn.execute("SELECT x FROM t").fetchall() == [(1,), (2,)]
