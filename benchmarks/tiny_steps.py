@@ -1,6 +1,6 @@
-"""A training loop of tiny steps (about 1 ms each on a 2-core CPU): the workload of
-``overhead.py --tiny``, where memscope's per-step work and its fixed start and end costs weigh
-most against the training's own."""
+"""A training loop of tiny steps, the workload of ``overhead.py --tiny``: about 1 ms a step at
+width 640 on a 2-core CPU with 2 threads (0.26 ms at width 64), where memscope's per-step work
+and its fixed start and end costs weigh most against the training's own."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn as nn
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--width", type=int, default=640)
     args = p.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(), nn.Linear(args.width, 10))
