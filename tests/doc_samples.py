@@ -67,6 +67,8 @@ class Shared:
         return " && ".join([line, *(f"cp {self.db} {c}" for c in self.copies)])
 
 
+DIFF_GPT = ("examples/tiny_gpt.py", "--steps", "8", "--batch", "16", "--seq", "128", "--layers", "4")
+
 # What each group runs before its samples (bash, in the group's directory). The sample blocks
 # of a group read what these wrote.
 GROUPS: dict[str, list[str | Shared]] = {
@@ -74,7 +76,7 @@ GROUPS: dict[str, list[str | Shared]] = {
     # b.db: a second file of the same run (merge refuses the pair on a.db)
     "short": [Shared("a.db", ("examples/tiny_gpt.py", "--steps", "4"), copies=("b.db",)),
               "python tests/doc_samples.py damage a.db damaged.db nolayers.db"],
-    "leaky": ["memscope attach --headless --db run.db examples/leaky.py --steps 40"],
+    "leaky": [Shared("run.db", ("examples/leaky.py", "--steps", "40"))],  # tests/test_reader_aggregates.py's
     "total_loss": ["memscope attach --headless --db run.db examples/leaks/total_loss.py"],
     "numpy_history": ["memscope attach --headless --db run.db examples/leaks/numpy_history.py"],
     "workers": ["memscope attach --headless --db run.db examples/leaks/dataloader_workers.py"],
@@ -82,9 +84,7 @@ GROUPS: dict[str, list[str | Shared]] = {
     "ckpt": ["memscope attach --headless --db ckpt.db tests/compat/cases/checkpointing.py out.pt"],
     "accumulate": [Shared("acc.db", ("tests/scripts/accumulate.py", "16,64,32,8"))],
     "oom": ["(ulimit -v 2800000; memscope attach --headless --db repro.db examples/double_batch.py) || true"],
-    "diff": ["memscope attach --headless --db plain.db examples/tiny_gpt.py --steps 8 --batch 16 --seq 128 --layers 4",
-             "memscope attach --headless --db ckpt.db examples/tiny_gpt.py --steps 8 --batch 16 --seq 128 --layers 4 "
-             "--checkpoint"],
+    "diff": [Shared("plain.db", DIFF_GPT), Shared("ckpt.db", (*DIFF_GPT, "--checkpoint"))],  # tests/test_diff.py's
     "whatif": [],
     "estimate": [],
     "fit": [],

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, cli, memscope
+from conftest import cli, memscope
+from doc_samples import DIFF_GPT
 from shared_runs import shared_attach
 
 # the leak runs: an inventory every 2 steps, 14 steps (tests/test_leaks.py, tests/test_leak_patch.py)
@@ -17,12 +18,12 @@ GPT = ["--steps", "4", "--eval-every", "0", "--batch", "8", "--seq", "96", "--la
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """tiny_gpt without (A) and with (B) activation checkpointing, same seed and sizes."""
-    d = tmp_path_factory.mktemp("diff")
+    """tiny_gpt without (A) and with (B) activation checkpointing, same seed and sizes: the pair
+    docs/plan.md's diff sample shows (tests/doc_samples.py), made once per session and read only
+    (tests/shared_runs.py)."""
     out = []
-    for name, extra in (("plain", []), ("ckpt", ["--checkpoint"])):
-        db = d / f"{name}.db"
-        res = memscope("attach", "--headless", "--db", str(db), str(EXAMPLES / "tiny_gpt.py"), *GPT, *extra)
+    for extra in ([], ["--checkpoint"]):
+        db, res = shared_attach(tmp_path_factory, [], [*DIFF_GPT, *extra])
         assert res.returncode == 0, res.stderr
         out.append(db)
     return out[0], out[1]
@@ -43,12 +44,12 @@ def test_checkpointing_saving_shows(runs: tuple[Path, Path]) -> None:
     assert act["b"] < act["a"] / 3 and act["delta"] == act["b"] - act["a"] < 0
     assert d["activations"]["delta"] < 0
     layers = {x["module"]: x for x in d["layers"]}
-    for block in ("blocks.0.attn", "blocks.1.attn"):
+    for block in ("blocks.0.attn", "blocks.1.attn", "blocks.2.attn", "blocks.3.attn"):
         assert layers[block]["a"] > 0 and layers[block]["b"] == 0
     # parameters, gradients and optimizer state do not change with checkpointing
     for k in ("parameters", "gradients", "optimizer_state"):
         assert d["breakdown"][k]["delta"] == 0, k
-    assert d["steps"]["a"] == d["steps"]["b"] == 4
+    assert d["steps"]["a"] == d["steps"]["b"] == 8
     assert d["median_step_s"]["a"] > 0 and d["median_step_s"]["b"] > 0
     assert d["leaks"]["groups"] == []
     text = cli("diff", str(a), str(b))

@@ -11,8 +11,6 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +23,18 @@ from memscope.report.html import MAX_STEP_BANDS, render_html
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
 from memscope.store.step_stats import median_step_s, peak_step, step_at, step_stats
+from shared_runs import shared_attach
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_STEPS = 24
-COPIES = 60  # 1,440 steps
+REAL_STEPS = 40
+COPIES = 60  # 2,400 steps
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("agg") / "real.db"
-    out = subprocess.run([sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
-                          "examples/leaky.py", "--steps", str(REAL_STEPS)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """``memscope attach --headless examples/leaky.py --steps 40``, made once per session and read
+    only (tests/shared_runs.py; docs/leaks.md's leaky samples are this run): the long files and
+    the damaged ones are copies."""
+    db, out = shared_attach(tmp_path_factory, [], ["examples/leaky.py", "--steps", str(REAL_STEPS)])
     assert out.returncode == 0, out.stderr
     return db
 
