@@ -12,27 +12,83 @@ from __future__ import annotations
 
 import pytest
 
-# Seconds each file took alone (pytest -p no:cacheprovider FILE) on the 2-core development
-# machine under a load below 2 (under the load of other jobs, 3 to 5 times as long); only the
-# order matters. A file not here comes after these.
+# Seconds each file's tests took in the suite (the sum of their times in .venv/junit.xml after
+# make test; `python tests/suite_order.py .venv/junit.xml` prints this table from it), every file of
+# 5 s or more, on the 2-core development machine: only the order matters. Handed out longest first,
+# the last files handed out are short ones, and the two workers end within seconds of each other
+# (a 30-second file of two tests, ordered by its count, once came last: one worker idle 12 s).
+# A file not here comes after these.
 HEAVY: dict[str, float] = {
-    "tests/test_advice_accuracy.py": 158,
-    "tests/test_sac_curve.py": 106,
-    "tests/test_readme_samples.py": 64,  # with accumulate (doc_samples.SECOND_FILE); b.db a copy (56 -> 49 s here)
-    "tests/test_oom_at_failure.py": 71,
-    "tests/test_leak_lengths.py": 62,
-    "tests/test_readme_samples_more.py": 60,  # fit's command run once, not twice (84 before)
-    "tests/test_leak_lengths_gpt.py": 57,
-    "tests/test_oom.py": 51,
-    "tests/compat/test_compile.py": 50,
-    "tests/test_whatif.py": 35,
-    "tests/compat/test_frameworks.py": 24,
-    "tests/compat/test_eager.py": 20,  # six cases per process (43 before)
-    "tests/compat/test_options.py": 19,
-    "tests/compat/test_distributed.py": 16,
+    "tests/test_advice_accuracy.py": 95,
+    "tests/test_readme_samples_more.py": 68,
+    "tests/test_suggestions.py": 67,
+    "tests/test_leak_lengths.py": 64,
+    "tests/test_readme_samples.py": 62,
+    "tests/test_leak_lengths_gpt.py": 59,
+    "tests/test_oom_at_failure.py": 57,
+    "tests/test_whatif.py": 51,
+    "tests/test_attach.py": 50,
+    "tests/compat/test_compile.py": 48,
+    "tests/test_calibration.py": 47,
+    "tests/test_leaks.py": 45,
+    "tests/test_sac_curve.py": 44,
+    "tests/test_oom.py": 41,
+    "tests/test_fit.py": 40,
+    "tests/tui/test_layout.py": 36,
+    "tests/tui/test_views.py": 35,
+    "tests/test_fake_estimate.py": 35,
+    "tests/faults/test_live_file.py": 34,
+    "tests/test_sac_default.py": 32,
+    "tests/tui/test_hostile_views.py": 31,
+    "tests/test_layers_accumulation.py": 30,
+    "tests/compat/test_options.py": 29,
+    "tests/test_empty_record.py": 27,
+    "tests/compat/test_frameworks.py": 26,
+    "tests/faults/test_long_lock.py": 25,
+    "tests/compat/test_eager.py": 21,
+    "tests/compat/test_distributed.py": 21,
+    "tests/test_hostile_agent.py": 20,
+    "tests/test_layers.py": 19,
+    "tests/test_integrations.py": 19,
+    "tests/test_sac_limits.py": 17,
+    "tests/test_peak_step.py": 17,
+    "tests/faults/test_corruption.py": 17,
+    "tests/test_mutations.py": 16,
+    "tests/test_leak_growth.py": 16,
+    "tests/faults/test_disk_faults.py": 16,
+    "tests/test_framework_advice.py": 15,
+    "tests/tui/test_attach_tmux.py": 14,
+    "tests/test_signals_live.py": 14,
+    "tests/test_script_estimate.py": 14,
+    "tests/test_layers_checkpoint.py": 14,
+    "tests/test_fake_side_effects.py": 14,
+    "tests/test_merge.py": 13,
+    "tests/test_leak_patch.py": 13,
+    "tests/faults/test_kills.py": 13,
     "tests/compat/test_agent_edges.py": 13,
+    "tests/test_sac_fit.py": 12,
+    "tests/test_live_counters.py": 12,
+    "tests/test_file_growth.py": 11,
+    "tests/faults/test_attach_paths.py": 11,
+    "tests/tui/test_snapshots.py": 10,
+    "tests/tui/test_app.py": 10,
+    "tests/test_report_techniques.py": 10,
+    "tests/test_hostile_corpus.py": 10,
+    "tests/test_leak_holders.py": 9,
+    "tests/test_bad_input.py": 9,
+    "tests/test_oom_limits.py": 8,
+    "tests/test_max_steps.py": 8,
+    "tests/test_fake_devices.py": 8,
+    "tests/test_estimate.py": 8,
+    "tests/test_address_space.py": 8,
+    "tests/tui/test_leak_verdicts.py": 7,
+    "tests/test_fake_scalars.py": 7,
+    "tests/faults/test_writer_faults.py": 7,
+    "tests/test_leak_gc_off.py": 6,
+    "tests/tui/test_first_paint.py": 5,
+    "tests/test_store.py": 5,
+    "tests/test_leak_registry.py": 5,
 }
-
 
 def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
@@ -55,3 +111,26 @@ def heaviest_first(items: list[pytest.Item]) -> None:
 
     rank = {name: i for i, name in enumerate(sorted(count, key=key))}  # sorted() is stable
     items.sort(key=lambda item: rank[_file(item)])
+
+
+def table(junit: str, least: float = 5.0) -> dict[str, float]:
+    """HEAVY from a junit file of a whole run: each test file's seconds, longest first."""
+    import os
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(junit).getroot()
+    seconds: dict[str, float] = {}
+    for case in root.iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        name = next((p for p in ("/".join(parts[:i]) + ".py" for i in range(len(parts), 0, -1))
+                     if os.path.exists(p)), None)  # tests.tui.test_x[.Class] -> tests/tui/test_x.py
+        if name is not None:
+            seconds[name] = seconds.get(name, 0.0) + float(case.get("time", 0))
+    return {k: round(v) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]) if v >= least}
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name, secs in table(sys.argv[1] if len(sys.argv) > 1 else ".venv/junit.xml").items():
+        print(f'    "{name}": {secs},')
