@@ -77,16 +77,22 @@ test-deps:
 # the cold mypy of a fresh clone (43 s on one core) is off the serial path. A 3-minute slice of
 # the suite measured 185 s with it beside, 181-193 s alone; at normal priority, 211 s. Its output
 # comes after the suite's; a failure is said at once, and make test fails if either fails.
+# The checks run in a session of their own (setsid) so that an interrupted make test stops them
+# too (the trap); the suite stays in the foreground, where Ctrl-C and the tests' own SIGINTs
+# reach its processes (a background job of a non-interactive shell ignores SIGINT, and so do the
+# processes it starts: the tests that interrupt a training then fail).
 TEST_JOBS ?= auto
 IDLE := $(shell chrt -i 0 true 2>/dev/null && echo "chrt -i 0" || echo "nice -n 19")
+SETSID := $(shell command -v setsid 2>/dev/null)
 test: $(TSTAMP) test-deps bytecode
 	@rm -f $(VENV)/checks.rc; echo "make checks (lint, the docs' build) runs beside the suite: its output comes after"; \
-	( $(IDLE) $(MAKE) --no-print-directory checks >$(VENV)/checks.log 2>&1; rc=$$?; echo $$rc >$(VENV)/checks.rc; \
-	  [ $$rc = 0 ] || printf '\nmake test: make checks failed; its output follows the suite\n' >&2 ) & \
+	$(SETSID) sh -c '$(IDLE) $(MAKE) --no-print-directory checks >$(VENV)/checks.log 2>&1; rc=$$?; \
+	  echo $$rc >$(VENV)/checks.rc; [ $$rc = 0 ] || printf "\nmake test: make checks failed; its output follows the suite\n" >&2' & \
+	checks=$$!; trap 'kill -TERM -$$checks 2>/dev/null || kill -TERM $$checks; exit 130' INT TERM; \
 	echo "$(BIN)/python -m pytest $(PYTEST_ARGS)"; $(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
-	wait; echo "--- make checks:"; cat $(VENV)/checks.log; checks=$$(cat $(VENV)/checks.rc 2>/dev/null || echo 1); \
-	[ $$checks = 0 ] || echo "make test: make checks failed (above)" >&2; \
-	[ $$tests = 0 ] && [ $$checks = 0 ]
+	wait; echo "--- make checks:"; cat $(VENV)/checks.log; checked=$$(cat $(VENV)/checks.rc 2>/dev/null || echo 1); \
+	[ $$checked = 0 ] || echo "make test: make checks failed (above)" >&2; \
+	[ $$tests = 0 ] && [ $$checked = 0 ]
 PYTEST_ARGS = -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=20 --junitxml=$(VENV)/junit.xml
 
 # what make test checks besides the suite: lint, and the site builds with --strict
