@@ -447,6 +447,8 @@ class Agent:
         if end - self._sampled_at >= self._half_sample_s:  # see _boundary_sample_due
             self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
+        rss_now: int | None
+        vms_now: int | None
         try:
             rss_now, vms_now = self._rss.rss_vms()
         except Exception as exc:
