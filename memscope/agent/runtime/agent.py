@@ -444,7 +444,7 @@ class Agent:
             self._step_part("layers", self._layers_close, step)
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
-        if end - self._sampled_at >= self._half_sample_s:  # see _boundary_sample_due
+        if self._boundary_sample_due():
             self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
         rss_now: int | None
@@ -464,9 +464,10 @@ class Agent:
                                       "peak_rss": peak_rss, "peak_allocated": peak_alloc,
                                       "peak_reserved": peak_reserved, "status": "ok",
                                       "end_rss": rss_now, "end_allocated": end_alloc})
+        profile_next = self._layers_enabled and self.options.profiles_layers(step + 1)
         # the layers' models change only on a profiled step: handed over after one
-        self._guard_call("oom", self._oom_step_close, cuda_share, peak_rss, vms_now, step + 1,
-                         profiled or step == 0)
+        self._guard_call("oom", self._oom_step_close, cuda_share, peak_rss, vms_now, profile_next,
+                         profiled)
         # inventories (the memory level here can pull one forward), leak suspects' sites
         level = end_alloc if end_alloc is not None else rss_now
         self._step_part("inventory", self._leaks.step_closed, step, end - start, level or 0)
@@ -474,7 +475,7 @@ class Agent:
             self._step_part("block profile", self._block_profile_next, step)
         if self._whatif is not None:
             self._whatif.step_closed(step)  # --max-steps raises SystemExit(0) here: see its doc
-        if self._layers_enabled and self.options.profiles_layers(step + 1):
+        if profile_next:
             self._layers_next(step + 1)
         if peak.step == step + 1:
             peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
@@ -520,14 +521,14 @@ class Agent:
         return dict(self._last_breakdown) if self._last_breakdown else None
 
     def _oom_step_close(self, cuda_share: float, peak_rss: int | None, vms: int | None,
-                        next_step: int, new_roots: bool) -> None:
+                        profiled_next: bool, new_roots: bool) -> None:
         """The closed step's peak as a share of what the process may use: ``cuda_share`` of a
-        device's, or the host's (``peak_rss``, address space ``vms``). ``new_roots``: the layer
-        profiler may know models the OOM hooks have not seen (after a profiled step)."""
+        device's, or the host's (``peak_rss``, address space ``vms``). ``profiled_next``: the
+        layer profiler profiles the next step; ``new_roots``: it may know models the OOM hooks
+        have not seen (after a profiled step)."""
         memory_share = max(cuda_share, self._oom.host_share(peak_rss, vms))
         self._oom.pending_failed = None  # the step that hit an OOM (caught) went on and closed
         self._oom.record_observed_leftovers(self)
-        profiled_next = self._layers_enabled and self.options.profiles_layers(next_step)
         self._oom.step_closed(memory_share, profiled_next, self._layers.roots() if new_roots else None,
                               self.options.catch_forward_oom)
 
