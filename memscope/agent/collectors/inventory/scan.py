@@ -89,32 +89,52 @@ def _storage(t: Any) -> tuple[int, int] | None:
         return None
 
 
+class _Slot:
+    """One group while the scan runs: its counts, its graph roots (for the walk) and, for a
+    suspect, the tensors the holder search may pick from. Slots, not a dataclass: the hot loop
+    touches two of these per tensor."""
+
+    __slots__ = ("count", "bytes", "graph_bytes", "graph_nodes", "roots", "samples", "sampled",
+                 "median_charged")
+
+    def __init__(self, sampled: bool) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.graph_bytes = 0
+        self.graph_nodes = 0
+        self.roots: list[tuple[int, Any]] = []  # (storage address, grad_fn) of its tensors with a graph
+        self.samples: list[Any] | None = [] if sampled else None
+        self.sampled: set[int] = set()  # roots walked for a median (a kind of many roots)
+        self.median_charged = False  # the roots not walked were charged the sample's median
+
+
+def _raw(t: Any) -> tuple[Any, ...]:
+    """The torch-level signature the hot loop computes inline (tensors other than parameters)."""
+    fn = t.grad_fn
+    if fn is None:
+        return ("other", t.dtype, t.shape, t.device, t.requires_grad, None)
+    return ("activations", t.dtype, t.shape, t.device, True, type(fn))
+
+
 class _Counter:
     """Groups keyed by torch-level signatures (cheap to hash); text once per group."""
 
     def __init__(self, suspects: set[Signature] | frozenset[Signature]) -> None:
-        self.groups: dict[tuple[Any, ...], Group] = {}
+        self.slots: dict[tuple[Any, ...], _Slot] = {}
         self.suspects = suspects
-        self.samples: dict[tuple[Any, ...], list[Any]] = {}
 
-    def count(self, category: str, t: Any, nbytes: int, fn: Any) -> Group:
+    def count(self, category: str, t: Any, nbytes: int) -> None:
+        fn = t.grad_fn
         raw = (category, t.dtype, t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
-        g = self.groups.get(raw)
-        if g is None:
-            g = self.new_group(raw)
-        g.count += 1
-        g.bytes += nbytes
-        if self.samples:
-            lst = self.samples.get(raw)
-            if lst is not None:
-                lst.append(t)
-        return g
+        s = self.slots.get(raw) or self.new_slot(raw)
+        s.count += 1
+        s.bytes += nbytes
+        if s.samples is not None:
+            s.samples.append(t)
 
-    def new_group(self, raw: tuple[Any, ...]) -> Group:
-        g = self.groups[raw] = Group()
-        if self.suspects and _text_signature(raw) in self.suspects:
-            self.samples[raw] = []
-        return g
+    def new_slot(self, raw: tuple[Any, ...]) -> _Slot:
+        s = self.slots[raw] = _Slot(bool(self.suspects) and _text_signature(raw) in self.suspects)
+        return s
 
 
 def _from_optimizers(optimizers: Iterable[Any]) -> list[tuple[str, Any]]:
@@ -166,8 +186,9 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     if live is None:
         live = LiveTensors()
     counter = _Counter(suspects)
-    seen: set[int] = set()
-    rows: list[tuple[int, int, Any, Any, Any]] = []  # storage address, bytes, tensor, grad_fn, group
+    slots = counter.slots
+    new_slot = counter.new_slot
+    seen: dict[int, Any] = {}  # storage address -> the tensor counted for it (None: an optimizer's)
     known = _from_optimizers(optimizers)
     tensors = live.tensors()
     inv.full = live.last_full
@@ -181,17 +202,20 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
             if st is None or st[0] in seen:
                 continue
             try:
-                counter.count(category, t, st[1], t.grad_fn)
+                counter.count(category, t, st[1])
             except Exception:
                 continue
-            seen.add(st[0])
+            seen[st[0]] = None
         known.clear()
         fixed = set(seen)  # parameters, gradients, optimizer state: never charged to a graph
-        append = rows.append
+        fixed_add = fixed.add
         # objects torch preserved for tensors only a graph holds (preserved.py): not live
         limit = preserved_refs() or 0
         refcount = sys.getrefcount
-        for t in tensors:  # the hot loop (every live tensor): inline, about a microsecond each
+        # The hot loop (every live tensor): inline, about a microsecond each, nearly all of it
+        # torch's getters; each tensor is counted here, once (graph-saved ones are taken back
+        # after the walk, rarely).
+        for t in tensors:
             try:
                 if refcount(t) <= limit and (t._use_count() > 1 or (graph_saved and id(t) in graph_saved)):
                     continue  # only its graph holds it (a hook's alias: one Python reference, autograd's)
@@ -203,60 +227,54 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
                     continue
                 if ptr in seen:
                     continue
-                seen.add(ptr)
-                if type(t) is param_type:
-                    counter.count("parameters", t, int(s.nbytes()), t.grad_fn)
-                    fixed.add(ptr)
-                else:  # its group read once, here: the graph walk's kinds and the count share it
+                nbytes = s.nbytes()
+                seen[ptr] = t
+                if tt is param_type:
+                    fn = None
+                    raw: tuple[Any, ...] = ("parameters", t.dtype, t.shape, t.device, t.requires_grad, None)
+                    fixed_add(ptr)
+                else:  # a graph's output requires grad: not asked
                     fn = t.grad_fn
-                    append((ptr, s.nbytes(), t, fn,
-                            ("other", t.dtype, t.shape, t.device, t.requires_grad, None) if fn is None else
-                            ("activations", t.dtype, t.shape, t.device, t.requires_grad, type(fn))))
+                    raw = (("other", t.dtype, t.shape, t.device, t.requires_grad, None) if fn is None else
+                           ("activations", t.dtype, t.shape, t.device, True, type(fn)))
+                slot = slots.get(raw) or new_slot(raw)
+                slot.count += 1
+                slot.bytes += nbytes
+                if fn is not None:
+                    slot.roots.append((ptr, fn))
+                if slot.samples is not None:
+                    slot.samples.append(t)
             except Exception:  # sparse, wrapper subclasses, fake tensors: not counted
                 continue
         del s
-        tensors.clear()
-        charged, graph_keys = _walk_graphs(rows, fixed, seen, inv) if walk_graphs else ({}, set())
-        groups, samples = counter.groups, counter.samples
-        for key, nbytes, t, _fn, raw in rows:  # counter.count inlined: the second hot loop
-            if key in graph_keys and key not in charged:
-                continue  # saved by a live graph: in its root's graph_bytes
-            g = groups.get(raw)
-            if g is None:
-                g = counter.new_group(raw)
-            g.count += 1
-            g.bytes += nbytes
-            if samples:
-                lst = samples.get(raw)
-                if lst is not None:
-                    lst.append(t)
-            extra = charged.get(key)
-            if extra:
-                g.graph_bytes += extra[0]
-                g.graph_nodes += extra[1]
-                inv.graph_bytes += extra[0]
-                inv.graph_nodes += extra[1]
-        rows.clear()
-        picked = {_text_signature(raw): _pick(lst) for raw, lst in counter.samples.items()}
-        counter.samples.clear()
-        for raw, g in counter.groups.items():
+        if walk_graphs:
+            _uncount_saved(_walk_graphs([sl for sl in slots.values() if sl.roots], fixed, seen, inv), seen, slots)
+        picked = {_text_signature(raw): _pick(sl.samples) for raw, sl in slots.items() if sl.samples is not None}
+        for raw, sl in slots.items():
+            sl.roots.clear()
             sig = _text_signature(raw)
-            prev = inv.groups.get(sig)
-            if prev is None:
-                inv.groups[sig] = g
-            else:  # two torch-level signatures with one text (shouldn't happen): merge
-                prev.count += g.count
-                prev.bytes += g.bytes
-                prev.graph_bytes += g.graph_bytes
-                prev.graph_nodes += g.graph_nodes
-        counter.groups.clear()
+            g = inv.groups.get(sig)
+            if g is None:
+                g = inv.groups[sig] = Group()
+            # two torch-level signatures with one text (shouldn't happen): merged
+            g.count += sl.count
+            g.bytes += sl.bytes
+            g.graph_bytes += sl.graph_bytes
+            g.graph_nodes += sl.graph_nodes
+        slots.clear()
     finally:
         tensors.clear()
-        rows.clear()
         known.clear()
-        counter.samples.clear()
+        seen.clear()
+        for sl in slots.values():
+            sl.roots.clear()
+            if sl.samples is not None:
+                sl.samples.clear()
+        slots.clear()
     inv.tensors = sum(g.count for g in inv.groups.values())
     inv.bytes = sum(g.bytes for g in inv.groups.values())
+    inv.graph_bytes = sum(g.graph_bytes for g in inv.groups.values())
+    inv.graph_nodes = sum(g.graph_nodes for g in inv.groups.values())
     for sig in suspects:
         inv.holders[sig] = None
     if picked:
@@ -278,6 +296,36 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     return inv
 
 
+def _uncount_saved(saved: tuple[set[int], set[int]], seen: dict[int, Any],
+                   slots: dict[tuple[Any, ...], _Slot]) -> None:
+    """Take back the live tensors a walked graph saved (they are in that root's graph_bytes),
+    unless the tensor is itself a root charged a graph: its own walk's, or its kind's median.
+    ``saved``: (storages the walk charged, roots whose own walk charged something). Rare at a
+    step boundary (``retain_graph``; an evaluation without ``no_grad`` whose input is still
+    held), so the hot loop does not prepare for it: the few tensors' signatures are read again."""
+    charged, kept = saved
+    for ptr in charged:
+        if ptr in kept:
+            continue
+        t = seen.get(ptr)
+        if t is None:  # not live in Python, or an optimizer's (never charged)
+            continue
+        try:
+            raw = _raw(t)
+            sl = slots[raw]
+            nbytes = int(t.untyped_storage().nbytes())
+        except Exception:
+            continue
+        if raw[5] is not None and sl.median_charged and ptr not in sl.sampled:
+            continue  # a root charged the median of its kind's sample
+        sl.count -= 1
+        sl.bytes -= nbytes
+        if sl.samples is not None:
+            sl.samples[:] = [x for x in sl.samples if x is not t]
+        if sl.count <= 0:
+            del slots[raw]
+
+
 def _pick(lst: list[Any]) -> list[Any]:
     """The oldest and the newest few (registry order: a leaked one is likely among the oldest,
     the newest shows the container that is still growing)."""
@@ -287,99 +335,100 @@ def _pick(lst: list[Any]) -> list[Any]:
     return picked
 
 
-def _walk_graphs(rows: list[tuple[int, int, Any, Any, Any]], fixed: set[int], live: set[int],
-                 inv: Inventory) -> tuple[dict[int, tuple[int, int]], set[int]]:
-    """Saved bytes and nodes per root storage; storages saved by some graph. Outermost roots
-    (grad_fns no other live graph reaches) are walked first.
+def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
+                 inv: Inventory) -> tuple[set[int], set[int]]:
+    """Charge each group its roots' saved bytes and nodes; return (storages saved by some graph,
+    roots whose own walk charged something). Outermost roots (grad_fns no other live graph
+    reaches) are walked first.
 
     A leak that keeps a graph per step (``cache[step] = logits``) has as many roots of one kind
     as steps so far: walking them all makes each inventory cost more than the last. Of a kind
-    (shape, dtype, grad_fn type) with more than ``GRAPH_SAMPLE`` roots, a spread sample is walked
-    and, unless those graphs save tensors that are alive in Python too, the rest are charged the
-    sample's median of saved bytes and nodes (roots of one kind are the same code's graphs; a
-    chain whose newest root reaches every older one charges the older ones nothing, and so does
-    the median). Graphs that save live tensors are all walked: those tensors must be found in
-    them, not counted again on their own. ``live``: storages of every live tensor seen (``fixed``
-    among them, which the walker never charges)."""
-    roots = [(key, raw, fn) for key, _, _, fn, raw in rows if fn is not None]
-    if not roots:
-        return {}, set()
-    kinds: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
-    for key, raw, fn in roots:  # a kind: one group (grad_fn type, shape, dtype, device)
-        kinds.setdefault(raw, []).append((key, fn))
-    roots.clear()
-    walked: list[tuple[int, Any, int]] = []  # key, grad_fn, kind (index into ``rest``, or -1)
-    rest: list[tuple[list[tuple[int, Any]], list[int]]] = []  # (not walked, keys walked) per big kind
-    for members in kinds.values():
+    (one group: shape, dtype, grad_fn type) with more than ``GRAPH_SAMPLE`` roots, a spread
+    sample is walked and, unless those graphs save tensors that are alive in Python too, the
+    rest are charged the sample's median of saved bytes and nodes (roots of one kind are the
+    same code's graphs; a chain whose newest root reaches every older one charges the older
+    ones nothing, and so does the median). Graphs that save live tensors are all walked: those
+    tensors must be found in them, not counted again on their own. ``live``: storages of every
+    live tensor seen (``fixed`` among them, which the walker never charges)."""
+    walked: list[tuple[int, Any, _Slot, int]] = []  # key, grad_fn, its group, kind (index into ``rest``, or -1)
+    rest: list[tuple[_Slot, list[int]]] = []  # (the group, sample indices) per big kind
+    for sl in slots:
+        members = sl.roots
         if len(members) <= GRAPH_SAMPLE:
-            walked.extend((k, fn, -1) for k, fn in members)
+            walked.extend((k, fn, sl, -1) for k, fn in members)
             continue
         idx = sorted({round(i * (len(members) - 1) / (GRAPH_SAMPLE - 1)) for i in range(GRAPH_SAMPLE)})
-        chosen = set(idx)
-        walked.extend((*members[i], len(rest)) for i in idx)
-        rest.append(([m for i, m in enumerate(members) if i not in chosen], [members[i][0] for i in idx]))
-    kinds.clear()
+        walked.extend((*members[i], sl, len(rest)) for i in idx)
+        sl.sampled = {members[i][0] for i in idx}
+        rest.append((sl, idx))
     walker = GraphWalker(fixed)
-    charged: dict[int, tuple[int, int]] = {}
+    kept: set[int] = set()
+    own: dict[int, tuple[int, int]] = {}  # a big kind's sampled roots: what each walk charged
 
-    saves_live = [0] * len(rest)  # roots of a big kind's sample that saved a live tensor
-
-    def walk(key: int, fn: Any) -> bool:
-        """Walk one root; whether it saved a live tensor's storage."""
+    def walk(key: int, fn: Any, sl: _Slot) -> bool:
+        """Walk one root, charge its group; whether it saved a live tensor's storage."""
         try:
             b, n = walker.walk(fn, key)
         except Exception:
             return False
         if b or n:
-            pb, pn = charged.get(key, (0, 0))
-            charged[key] = (pb + b, pn + n)
+            sl.graph_bytes += b
+            sl.graph_nodes += n
+            kept.add(key)
+        own[key] = (b, n)
         return any(p in live for p in walker.last_charged)
 
+    saves_live = [0] * len(rest)  # roots of a big kind's sample that saved a live tensor
     try:
-        inner = walker.inner([fn for _, fn, _ in walked])
+        inner = walker.inner([fn for _, fn, _, _ in walked])
         # top roots first (stable); a big kind is inner when one of its sample is (the relu outputs
         # that leaked losses' graphs save are reached from the sampled losses, not from the rest)
         inner_kind = [False] * len(rest)
-        for _, fn, kind in walked:
+        for _, fn, _, kind in walked:
             if kind >= 0 and id(fn) in inner:
                 inner_kind[kind] = True
-        walked.sort(key=lambda r: inner_kind[r[2]] if r[2] >= 0 else id(r[1]) in inner)
+        # and within a big inner kind, its roots no other graph reaches first (a chain of hidden
+        # states, each saved by the next: the newest's walk holds them all, none counted twice)
+        walked.sort(key=lambda r: (inner_kind[r[3]] if r[3] >= 0 else id(r[1]) in inner, id(r[1]) in inner))
         inner.clear()
         walker.keep.clear()  # the walk below keeps what it visits itself
-        left = [len(sample) for _, sample in rest]  # sampled roots of each big kind not walked yet
-        for key, fn, kind in walked:
+        left = [len(idx) for _, idx in rest]  # sampled roots of each big kind not walked yet
+        for key, fn, sl, kind in walked:
             if walker.truncated:
                 break
-            saved_live = walk(key, fn)
+            saved_live = walk(key, fn, sl)
             if kind < 0:
                 continue
             saves_live[kind] += saved_live
             left[kind] -= 1
             if left[kind]:
                 continue
-            others, sample = rest[kind]
-            if 2 * saves_live[kind] > len(sample):
+            _, idx = rest[kind]
+            if 2 * saves_live[kind] > len(idx):
                 # the sample's graphs each save tensors of their own that are alive in Python too
                 # (retain_graph, or no backward yet; not one weight they all save): all of the
                 # kind are walked now, before inner roots, so that those tensors are counted in
                 # their graphs, not on their own (exact)
-                for k, f in others:
+                for k, f in sl.roots:
                     if walker.truncated:
                         break
-                    walk(k, f)
+                    if k not in sl.sampled:
+                        walk(k, f, sl)
                 continue
-            got = [charged.get(k, (0, 0)) for k in sample]
+            got = [own.get(k, (0, 0)) for k in sl.sampled]
             b = int(_median([g[0] for g in got]))
             n = int(_median([g[1] for g in got]))
             if b or n:
-                for k, _ in others:
-                    pb, pn = charged.get(k, (0, 0))
-                    charged[k] = (pb + b, pn + n)
+                others = len(sl.roots) - len(sl.sampled)
+                sl.graph_bytes += b * others
+                sl.graph_nodes += n * others
+                sl.median_charged = True
         inv.truncated = inv.truncated or walker.truncated
-        return charged, set(walker.charged)
+        return set(walker.charged), kept
     finally:
         walked.clear()
         rest.clear()
+        own.clear()
         walker.close()
 
 

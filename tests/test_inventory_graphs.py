@@ -1,0 +1,103 @@
+"""An inventory counts a live tensor that a live graph saved once, in the graph's bytes, not
+again on its own: tensor bytes plus graph bytes equal an independent count of every storage
+that live tensors and their graphs hold (gc walk + public ``_saved_*`` attributes)."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+from memscope.agent.collectors.inventory import LiveTensors, signature, take_inventory
+
+
+@pytest.fixture
+def live() -> LiveTensors:
+    reg = LiveTensors()
+    reg.install()
+    yield reg
+    reg.remove()
+
+
+def _truth() -> int:
+    """Bytes of the distinct storages live tensors and the graphs they reach hold, found without
+    memscope: the gc's tensors first, then each graph's saved tensors (unpacking them makes
+    Python objects, so the live set is taken before)."""
+    live = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]  # type: lazy proxies warn
+    sizes: dict[int, int] = {}
+    fns: list[Any] = []
+    for t in live:
+        if t.layout is not torch.strided or t.device.type == "meta":
+            continue
+        s = t.untyped_storage()
+        if s.data_ptr():
+            sizes[s.data_ptr()] = s.nbytes()
+        if t.grad_fn is not None:
+            fns.append(t.grad_fn)
+    live.clear()
+    seen: set[int] = set()
+    while fns:
+        fn = fns.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for name in dir(fn):
+            if name.startswith("_saved_"):
+                v = getattr(fn, name)
+                for x in (v if isinstance(v, (tuple, list)) else [v]):
+                    if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr():
+                        sizes[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        fns.extend(n for n, _ in fn.next_functions if n is not None)
+    return sum(sizes.values())
+
+
+def _check(live: LiveTensors, opt: Any) -> Any:
+    gc.collect()
+    inv = take_inventory(live, [opt])
+    assert not inv.truncated
+    assert inv.bytes + inv.graph_bytes == _truth()
+    return inv
+
+
+def _model() -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, opt
+
+
+def test_an_input_every_kept_graph_saved_is_in_their_bytes_not_counted_again(live: LiveTensors) -> None:
+    model, opt = _model()
+    x = torch.randn(16, 32)  # held by the script and saved by each output's first matmul
+    outputs = [model(x) for _ in range(5)]  # an evaluation without no_grad(), kept
+    inv = _check(live, opt)
+    assert signature("other", x) not in inv.groups
+    assert inv.groups[signature("activations", outputs[0])].count == 5
+    assert inv.graph_bytes >= x.untyped_storage().nbytes()
+
+
+def test_retain_graph_intermediates_held_by_the_script_counted_once(live: LiveTensors) -> None:
+    model, opt = _model()
+    x = torch.randn(16, 32)
+    h = model[0](x)
+    r = torch.relu(h)
+    out = model[2](r)
+    out.sum().backward(retain_graph=True)
+    inv = _check(live, opt)
+    assert signature("activations", r) not in inv.groups  # saved by the second matmul: in its graph
+    assert inv.groups[signature("activations", h)].count == 1  # relu saves its result, not h
+    assert inv.groups[signature("activations", out)].count == 1
+
+
+def test_a_chain_of_more_roots_than_the_sample_each_saving_the_last(live: LiveTensors) -> None:
+    _, opt = _model()
+    c = torch.randn(64, requires_grad=True)
+    chain = [c]
+    for _ in range(40):  # more roots of one kind than GRAPH_SAMPLE: each saves the one before
+        chain.append(chain[-1].sin())
+    inv = _check(live, opt)
+    # the newest is the outermost root: every older one is in its graph's bytes
+    assert inv.groups[signature("activations", chain[-1])].count == 1
