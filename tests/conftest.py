@@ -121,6 +121,18 @@ def run_db(tmp_path: Path) -> Path:
     return tmp_path / "run.db"
 
 
+@pytest.fixture
+def live() -> Any:
+    """The agent's registry of live tensors, installed for one test and removed after it (torch
+    imported here, not at the top: the dashboard's tests never need it)."""
+    from memscope.agent.collectors.inventory import LiveTensors
+
+    reg = LiveTensors()
+    reg.install()
+    yield reg
+    reg.remove()
+
+
 def forget_compiles() -> None:
     """Make this process look as if Dynamo never compiled in it (the agent's in-process
     collectors that stand aside once a compile happened are tested after other files, on the

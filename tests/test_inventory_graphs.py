@@ -7,19 +7,10 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-import pytest
 import torch
 import torch.nn as nn
 
 from memscope.agent.collectors.inventory import LiveTensors, signature, take_inventory
-
-
-@pytest.fixture
-def live() -> LiveTensors:
-    reg = LiveTensors()
-    reg.install()
-    yield reg
-    reg.remove()
 
 
 def _truth() -> int:

@@ -14,14 +14,6 @@ from memscope.agent.collectors.inventory import LiveTensors, Schedule, find_hold
 from memscope.agent.collectors.inventory.schedule import ALLOWANCE_S, DENSE_STEPS
 
 
-@pytest.fixture
-def live() -> LiveTensors:
-    reg = LiveTensors()
-    reg.install()
-    yield reg
-    reg.remove()
-
-
 def found(reg: LiveTensors, objs: list[torch.Tensor]) -> int:
     ids = {id(t) for t in objs}
     tensors = reg.tensors()
