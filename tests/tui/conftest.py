@@ -12,8 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import textual._wait
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Pilot's pause() (four in every click: mouse down, up, click, after) waits for the app to be idle
+# by sleeping SLEEP_GRANULARITY at a time until one sleep passes with under SLEEP_IDLE of the
+# process's CPU used. Textual's 20 ms made the dashboard tests mostly sleep (the hostile views'
+# clicks on every row: 30.7 s alone, 14 s of it CPU). The same rule at 2 ms (idle: under 1/20 of
+# it, Textual's own ratio), after the same wait for every queued message: 15.8 s, and the tests
+# under tests/tui 143 -> 113 s alone (textual 8.2.8, pinned in pyproject's test extra).
+textual._wait.SLEEP_GRANULARITY = 0.002
+textual._wait.SLEEP_IDLE = textual._wait.SLEEP_GRANULARITY / 20
 
 # tests/ and tests/tui/ are not packages, so pytest imports both conftest files under the one
 # name "conftest" and the later one replaces the other in sys.modules. Test modules in tests/
