@@ -9,6 +9,17 @@ storage bytes (each storage once), the autograd nodes their graphs keep (each no
 the bytes of the tensors those nodes still save (unpacked through the public ``_saved_*``
 attributes). Writes {"a": STEP_A, "b": STEP_B, "groups": {"shape|dtype|grad_fn": [[count,
 bytes, nodes, saved_bytes] at A, [...] at B]}} to OUT.json.
+
+    python tests/leaktruth/truth.py --many JOBS.json
+
+The same for several scripts, one after the other in this one process (one interpreter and torch
+start-up for all: tests/leak_lengths.py's cases): JOBS.json is a list of [OUT.json, STEP_A,
+STEP_B, SCRIPT.py, [ARGS...]]. Each script runs in a fresh ``__main__`` with its own step count
+and hook. What an earlier script left alive is alive at both of a later one's steps: the figures
+per step are differences between the two walks, so it cancels. On tests/leak_lengths.py's 11 leak
+cases: the bytes (a tensor's own plus what its graph saves) and the nodes per step are those of
+one process per script, to the byte; where a storage is both a tensor's and saved by a graph, the
+walk's order (the objects alive) decides which of the two columns counts it.
 """
 
 from __future__ import annotations
@@ -72,8 +83,9 @@ def census() -> dict[str, list[int]]:
     return groups
 
 
-def main() -> None:
-    out, a, b, script = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def measure(out: str, a: int, b: int, script: str, args: list[str]) -> None:
+    """Run ``script`` with ``args`` as ``__main__`` and write the walks after optimizer steps
+    ``a`` and ``b`` to ``out``."""
     taken: dict[int, dict[str, list[int]]] = {}
     count = [0]
 
@@ -89,10 +101,26 @@ def main() -> None:
                 with open(out, "w") as f:
                     json.dump({"a": a, "b": b, "groups": groups}, f)
 
-    register_optimizer_step_post_hook(hook)
-    sys.argv = [script] + sys.argv[5:]
-    sys.path.insert(0, script.rsplit("/", 1)[0] if "/" in script else ".")
-    runpy.run_path(script, run_name="__main__")
+    handle = register_optimizer_step_post_hook(hook)
+    sys.argv = [script, *args]
+    where = script.rsplit("/", 1)[0] if "/" in script else "."
+    sys.path.insert(0, where)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        handle.remove()
+        sys.path.remove(where)
+        gc.collect()  # the script's own cycles (its functions and globals) before the next one
+
+
+def main() -> None:
+    if sys.argv[1] == "--many":
+        with open(sys.argv[2]) as f:
+            jobs = json.load(f)
+        for out, a, b, script, args in jobs:
+            measure(out, int(a), int(b), script, list(args))
+        return
+    measure(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:])
 
 
 if __name__ == "__main__":
