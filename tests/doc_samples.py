@@ -77,9 +77,10 @@ GROUPS: dict[str, list[str | Shared]] = {
     "short": [Shared("a.db", ("examples/tiny_gpt.py", "--steps", "4"), copies=("b.db",)),
               "python tests/doc_samples.py damage a.db damaged.db nolayers.db"],
     "leaky": [Shared("run.db", ("examples/leaky.py", "--steps", "40"))],  # tests/test_reader_aggregates.py's
-    "total_loss": ["memscope attach --headless --db run.db examples/leaks/total_loss.py"],
-    "numpy_history": ["memscope attach --headless --db run.db examples/leaks/numpy_history.py"],
-    "workers": ["memscope attach --headless --db run.db examples/leaks/dataloader_workers.py"],
+    # the runs tests/test_leaks.py (total_loss) and tests/test_leak_growth.py read
+    "total_loss": [Shared("run.db", ("examples/leaks/total_loss.py", "--steps", "40"))],
+    "numpy_history": [Shared("run.db", ("examples/leaks/numpy_history.py", "--steps", "20"))],
+    "workers": [Shared("run.db", ("examples/leaks/dataloader_workers.py", "--rows", "40000", "--epochs", "4"))],
     "compile": ["memscope attach --headless --db compile.db tests/compat/cases/compile.py out.pt submodule"],
     "ckpt": ["memscope attach --headless --db ckpt.db tests/compat/cases/checkpointing.py out.pt"],
     "accumulate": [Shared("acc.db", ("tests/scripts/accumulate.py", "16,64,32,8"))],

@@ -9,15 +9,16 @@ import pytest
 
 from conftest import EXAMPLES, cli, memscope, report_json
 from memscope.analysis.unexplained import is_unexplained
+from shared_runs import shared_attach
 
 LEAKS = EXAMPLES / "leaks"
 
 
-def test_growth_nothing_explains(tmp_path: Path) -> None:
+def test_growth_nothing_explains(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A numpy copy of each step's activations kept in a list: host RSS grows about 256 KiB a
-    step, the tensor inventories see nothing grow (the verdict needs 16 steps after warm-up)."""
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "--db", str(db), str(LEAKS / "numpy_history.py"), "--steps", "20")
+    step, the tensor inventories see nothing grow (the verdict needs 16 steps after warm-up).
+    The run is made once per session (tests/shared_runs.py): docs/leaks.md's sample reads it."""
+    db, out = shared_attach(tmp_path_factory, [], ["examples/leaks/numpy_history.py", "--steps", "20"])
     assert out.returncode == 0, out.stderr
     report = report_json(db)
     assert report["leaks"] == [] and report["leak_check"]["verdict"] == "ok"
@@ -83,16 +84,20 @@ def test_heap_pages_a_tensor_leak_pins_are_the_tensors_growth() -> None:
 
 
 @pytest.mark.slow
-def test_dataloader_workers_copy_on_read(tmp_path: Path) -> None:
+def test_dataloader_workers_copy_on_read(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Forked workers reading a list of Python lists copy it into their private memory (USS);
-    the same rows in one numpy array stay shared."""
+    the same rows in one numpy array stay shared. The copying run is made once per session
+    (tests/shared_runs.py): docs/leaks.md's sample reads it."""
     runs = {}
-    for name, extra in (("python", ()), ("numpy", ("--numpy",))):
-        db = tmp_path / f"{name}.db"
-        out = memscope("attach", "--headless", "--db", str(db), str(LEAKS / "dataloader_workers.py"),
-                       "--rows", "40000", "--epochs", "4", *extra, timeout=300)
-        assert out.returncode == 0, out.stderr
-        runs[name] = (db, report_json(db))
+    db, out = shared_attach(tmp_path_factory, [], ["examples/leaks/dataloader_workers.py", "--rows", "40000",
+                                                   "--epochs", "4"], timeout=300)
+    assert out.returncode == 0, out.stderr
+    runs["python"] = (db, report_json(db))
+    db = tmp_path / "numpy.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(LEAKS / "dataloader_workers.py"),
+                   "--rows", "40000", "--epochs", "4", "--numpy", timeout=300)
+    assert out.returncode == 0, out.stderr
+    runs["numpy"] = (db, report_json(db))
     db, report = runs["python"]
     w = report["dataloader_workers"]
     assert w is not None and w["workers"] == w["of_workers"] == 2
