@@ -15,6 +15,19 @@ import torch.nn as nn
 from memscope.agent.collectors.inventory import LiveTensors, signature, take_inventory
 
 
+def _add(sizes: dict[int, int], t: Any) -> None:
+    """``t``'s storage by address, unless it has no memory of its own: meta, a FakeTensor's (meta
+    storage, or one whose address raises: earlier torch.compile tests leave their graphs behind)."""
+    if t.layout is not torch.strided or t.device.type == "meta":
+        return
+    s = t.untyped_storage()
+    try:
+        if s.device.type != "meta" and s.data_ptr():
+            sizes[s.data_ptr()] = s.nbytes()
+    except RuntimeError:  # a FakeTensor's or FunctionalTensor's
+        pass
+
+
 def _truth() -> int:
     """Bytes of the distinct storages live tensors and the graphs they reach hold, found without
     memscope: the gc's tensors first, then each graph's saved tensors (unpacking them makes
@@ -23,14 +36,7 @@ def _truth() -> int:
     sizes: dict[int, int] = {}
     fns: list[Any] = []
     for t in live:
-        if t.layout is not torch.strided or t.device.type == "meta":
-            continue
-        s = t.untyped_storage()
-        try:
-            if s.device.type != "meta" and s.data_ptr():  # a FakeTensor's storage is meta
-                sizes[s.data_ptr()] = s.nbytes()
-        except RuntimeError:  # a FunctionalTensor's: no memory of its own
-            pass
+        _add(sizes, t)
         if t.grad_fn is not None:
             fns.append(t.grad_fn)
     live.clear()
@@ -44,8 +50,8 @@ def _truth() -> int:
             if name.startswith("_saved_"):
                 v = getattr(fn, name)
                 for x in (v if isinstance(v, (tuple, list)) else [v]):
-                    if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr():
-                        sizes[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+                    if isinstance(x, torch.Tensor):
+                        _add(sizes, x)
         fns.extend(n for n, _ in fn.next_functions if n is not None)
     return sum(sizes.values())
 
@@ -106,3 +112,24 @@ def test_a_chain_of_more_roots_than_the_sample_each_saving_the_last(live: LiveTe
     inv = _check(live, opt, before)
     # the newest is the outermost root: every older one is in its graph's bytes
     assert inv.groups[signature("activations", chain[-1])].count == 1
+
+
+def test_graphs_of_tensors_without_memory_add_nothing(live: LiveTensors) -> None:
+    """What torch.compile's tests leave in an xdist worker: FakeTensor and FunctionalTensor graphs
+    (their storages' addresses raise). Neither count takes them, and neither raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    before = _both(live, [])
+    _, opt = _model()
+    with FakeTensorMode():
+        a = torch.randn(1024, requires_grad=True)
+    with FunctionalTensorMode():
+        kept = FunctionalTensor.to_functional(a).sin().cos()
+    inv = _check(live, opt, before)
+    assert kept.grad_fn is not None
+    assert inv.bytes + inv.graph_bytes - (before[0].bytes + before[0].graph_bytes) == _model_bytes(opt)
+
+
+def _model_bytes(opt: Any) -> int:
+    return sum(p.untyped_storage().nbytes() for g in opt.param_groups for p in g["params"])
