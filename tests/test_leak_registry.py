@@ -56,15 +56,17 @@ def test_registry_keeps_nothing_alive(live: LiveTensors) -> None:
 def test_registry_walks_everything_when_it_cannot_trust_itself(live: LiveTensors) -> None:
     t = torch.zeros(3)
     assert found(live, [t]) == 1
-    gc.freeze()  # objects moved where no collection reports them (and no walk sees them)
+    hidden = torch.zeros(4)  # made since the last look, then frozen: no walk sees it
+    gc.freeze()  # objects moved where no collection reports them
     try:
-        tensors = live.tensors()
-        assert live.last_full
-        tensors.clear()
         # what the registry knew before is still known (a walk alone would miss it now)
-        assert found(live, [t]) == 1 and not live.last_full
+        assert found(live, [t, hidden]) == 1 and not live.last_full
+        gc.collect(0)
     finally:
-        gc.unfreeze()
+        gc.unfreeze()  # into the oldest generation: a full walk, at the inventory after a collection
+    gc.collect(0)
+    assert found(live, [t, hidden]) == 2 and live.last_full
+    assert found(live, [t, hidden]) == 2 and not live.last_full
     live.remove()
     assert live._hook not in gc.callbacks
 
@@ -208,3 +210,37 @@ def test_saved_tensors_a_walk_read_are_not_taken_for_live_ones(live: LiveTensors
     # 200 cos, 200 sin (w's AccumulateGrad, shared by all, is w's: not counted)
     assert cos.count == 200 and cos.graph_bytes == 200 * 64 * 4 + 64 * 4 and cos.graph_nodes == 400
     del kept
+
+
+def test_collector_disabled_each_inventory_looks_only_at_what_was_made_since(live: LiveTensors) -> None:
+    """``gc.disable()`` (some training loops do it for speed; torchtitan collects by hand every N
+    steps): generation 0 then holds every object made since. An inventory looks past its mark."""
+    assert found(live, []) == 0
+    gc.disable()
+    try:
+        junk = [[i] for i in range(50_000)]  # what a script made with the collector off
+        before = [torch.zeros(1) for _ in range(5)]
+        assert found(live, before) == 5 and live.looked_at >= 50_000
+        after = [torch.zeros(1) for _ in range(7)]
+        assert found(live, before + after) == 12 and live.looked_at < 1_000
+        assert found(live, before + after) == 12 and live.looked_at < 100
+        gc.collect(0)  # a collection moved the mark: the whole young generations, once
+        more = [torch.ones(1) for _ in range(3)]
+        assert found(live, before + after + more) == 15 and live.looked_at >= 50_000
+        assert found(live, more) == 3 and live.looked_at < 100
+    finally:
+        gc.enable()
+    assert not live.last_full and len(junk) == 50_000
+
+
+def test_frozen_objects_that_die_are_no_unfreeze(live: LiveTensors) -> None:
+    gone = [[i] for i in range(1000)]
+    gc.freeze()
+    try:
+        assert found(live, []) == 0
+        gone.clear()
+        gc.collect(0)
+        kept = torch.zeros(2)
+        assert found(live, [kept]) == 1 and not live.last_full
+    finally:
+        gc.unfreeze()

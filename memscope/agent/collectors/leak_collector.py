@@ -132,9 +132,10 @@ class LeakCollector:
         why = None
         if not gc.isenabled():
             why = ("the script disabled the garbage collector (gc.disable()): the registry of live "
-                   "tensors is fed by collections, so each inventory looks at every object made since")
+                   "tensors is fed by collections, so each inventory lists every object made since")
         elif gc.get_freeze_count():
-            why = "the script froze the garbage collector (gc.freeze()): each inventory walks every object"
+            why = ("the script froze the garbage collector (gc.freeze()): an inventory that follows a "
+                   "collection walks the list of frozen objects to count them")
         if why:
             self._gc_said = True
             self._agent.event("gc_state", why)
