@@ -83,6 +83,28 @@ def test_heap_pages_a_tensor_leak_pins_are_the_tensors_growth() -> None:
     assert not is_unexplained("rss", 60 << 10, 0)  # under 64 KiB a step
 
 
+def _levels(kib_per_step: list[int], steps_per_quarter: int = 4) -> list[tuple[int, int]]:
+    """Boundary levels from step 2 on, rising by each quarter's rate (KiB a step)."""
+    out, level, step = [(2, 100 << 20)], 100 << 20, 2
+    for rate in kib_per_step:
+        for _ in range(steps_per_quarter):
+            step, level = step + 1, level + (rate << 10)
+            out.append((step, level))
+    return out
+
+
+def test_steady_means_no_later_quarter_three_times_another_and_warm_up_may_lead() -> None:
+    from memscope.analysis.unexplained import steady_growth
+
+    # a 20-step numpy_history run under load (its quarters, KiB a step): warm-up on top of the leak
+    assert steady_growth(_levels([460, 147, 266, 205])) is not None
+    assert steady_growth(_levels([200, 200, 200, 200])) is not None
+    assert steady_growth(_levels([600, 200, 200, 200])) is not None
+    assert steady_growth(_levels([460, 147, 50, 10])) is None  # warm-up levelling off
+    assert steady_growth(_levels([300, 300, 90, 300])) is None  # a later quarter 3x slower
+    assert steady_growth(_levels([60, 200, 200, 200])) is None  # the first 3x slower: it starts late
+
+
 @pytest.mark.slow
 def test_dataloader_workers_copy_on_read(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Forked workers reading a list of Python lists copy it into their private memory (USS);

@@ -6,8 +6,8 @@ used CUDA (tensors live there), else host RSS (tensors, Python objects, native b
 
 The level's lower envelope (at each step, the lowest level of any later step: what the process
 never gives back) over at least ``MIN_STEPS`` steps after warm-up must rise in every quarter of
-them, steadily (no quarter's rate under a third of another's: warm-up growth that levels off, or
-one jump, is not this), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all, and not mostly ``JUMPS``
+them, steadily (no quarter's rate under a third of a later one's: warm-up growth that levels
+off, or one jump, is not this; the first may be the fastest, the allocator warming up), by ``MIN_RATE`` a step and ``MIN_TOTAL`` in all, and not mostly ``JUMPS``
 step-to-step rises (a heap growing in a few jumps while it warms up). From that rate, what the inventories saw
 tensors grow by over the same steps is subtracted (four times over on host RSS, for the heap
 pages a leaked tensor pins); what is left, when it is at least ``MIN_RATE`` and half the growth,
@@ -185,8 +185,12 @@ def _steady(steps: list[int], vals: list[int]) -> tuple[float, int, int] | None:
     if any(b <= a for a, b in zip(vals, vals[1:])) or any(b <= a for a, b in zip(steps, steps[1:])):
         return None
     rates = [(vals[i + 1] - vals[i]) / (steps[i + 1] - steps[i]) for i in range(QUARTERS)]
-    if min(rates) < max(rates) / 3:
-        return None  # not steady: warm-up levelling off, a one-time jump
+    # not steady: warm-up levelling off, a one-time jump. The first quarter may be faster than
+    # the rest (the allocator warming up on top of a leak: a 20-step numpy_history run under load
+    # rose 460, 147, 266, 205 KiB a step), never slower than a third of them.
+    later = rates[1:]
+    if min(later) < max(later) / 3 or rates[0] < max(later) / 3:
+        return None
     total = vals[-1] - vals[0]
     rate = total / (steps[-1] - steps[0])
     if rate < MIN_RATE or total < MIN_TOTAL:
