@@ -18,6 +18,7 @@ becomes a leak suspect.
     .venv/bin/python benchmarks/inventory_cost.py                 # 1k, 100k tensors; 1k + 5M objects
     .venv/bin/python benchmarks/inventory_cost.py --quick         # smoke test
     .venv/bin/python benchmarks/inventory_cost.py --cases 1000:0 100000:0 --repeats 5 --json out.json
+    .venv/bin/python benchmarks/inventory_cost.py --cases 1000:200000:off   # a script's gc.disable()
 """
 
 from __future__ import annotations
@@ -50,14 +51,17 @@ def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-def inventory_cost(n: int, objects: int, repeats: int) -> dict[str, float]:
+def inventory_cost(n: int, objects: int, repeats: int, gc_off: bool = False) -> dict[str, float]:
     live = LiveTensors()
     live.install()
+    if gc_off:  # as a script that calls gc.disable(): the young generation holds all made since
+        gc.disable()
     model, opt = model_and_optimizer()
     w = torch.randn(4, requires_grad=True)
     tensors = [torch.randn(4) for _ in range(n // 2)] + [w * float(i) for i in range(n - n // 2)]
     dataset = [[i] for i in range(objects)]
-    gc.collect()
+    if not gc_off:
+        gc.collect()
     times = []
     counted = 0
     for _ in range(repeats):
@@ -69,10 +73,11 @@ def inventory_cost(n: int, objects: int, repeats: int) -> dict[str, float]:
     take_inventory(None, [opt])  # a fresh registry: one walk over every object
     full = time.perf_counter() - t0
     live.remove()
+    gc.enable()
     med = statistics.median(times)
     del tensors, dataset, model, opt
     gc.collect()
-    return {"live_tensors": n, "python_objects": objects, "counted": counted, "seconds": med,
+    return {"live_tensors": n, "python_objects": objects, "gc_off": gc_off, "counted": counted, "seconds": med,
             "seconds_per_1k": med / (max(n, 1) / 1000), "full_walk_seconds": full}
 
 
@@ -103,7 +108,10 @@ def step_cost(steps: int, armed: bool) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="+", default=["1000:0", "100000:0", "1000:5000000"],
-                   metavar="TENSORS:OBJECTS", help="live tensors and Python objects per case")
+                   metavar="TENSORS:OBJECTS[:off]",
+                   help="live tensors and Python objects per case; ':off' with the collector disabled "
+                        "(the objects stay in the young generation: the median is the inventories "
+                        "after the first, which look past their mark)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--quick", action="store_true", help="small cases, few repeats (smoke test)")
@@ -115,10 +123,11 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}")
     out: dict[str, object] = {"inventory": []}
     for case in args.cases:
-        n, objects = (int(x) for x in case.split(":"))
-        r = inventory_cost(n, objects, args.repeats)
+        n, objects, *off = case.split(":")
+        r = inventory_cost(int(n), int(objects), args.repeats, gc_off=off == ["off"])
         out["inventory"].append(r)  # type: ignore[union-attr]
-        print(f"inventory  {n:>7} live tensors, {objects:>8} Python objects (counted {r['counted']}): "
+        print(f"inventory  {n:>7} live tensors, {objects:>8} Python objects{' (gc off)' if off else ''} "
+              f"(counted {r['counted']}): "
               f"{r['seconds'] * 1000:8.1f} ms   {r['seconds_per_1k'] * 1000:6.2f} ms per 1k tensors"
               f"   (a full walk: {r['full_walk_seconds'] * 1000:.1f} ms)")
     plain = step_cost(args.steps, armed=False)
