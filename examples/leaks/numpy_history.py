@@ -5,8 +5,8 @@ list. The memory is host memory, not tensors: inventories see nothing grow, host
 
 At default options "GROWTH host RSS ... that no tensor group explains" is reported with
 "leaks: none" for the tensors: at the earliest from step 17 (the verdict needs 16 steps after
-warm-up), later when the heap's own jumps make a short run's growth look unsteady (a 20-step run
-under load once did not get it; 40 steps did, 15 of 15).
+warm-up). 20-step runs beside two busy loops: 6 of 6 (2026-11-27; 3 of 4 before the first
+quarter, the allocator warming up, was allowed to be the fastest).
 """
 
 import torch
