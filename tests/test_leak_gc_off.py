@@ -36,6 +36,21 @@ def test_gc_off_is_seen_and_said(tmp_path: Path, mode: str, words: str) -> None:
     assert len(said) == 1 and words in said[0]
 
 
+def test_collector_off_with_a_young_collection_by_hand_every_10_steps(tmp_path: Path) -> None:
+    """torchtitan's way: each inventory looks past its mark, or at what the last collection left
+    young: all of them cheap, so the cadence runs to the end as with the collector on."""
+    db = tmp_path / "run.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "gc_off_leak.py"), "disable", "300",
+                   "10")
+    assert out.returncode == 0, out.stderr
+    report = report_json(db)
+    (lk,) = report["leaks"]
+    assert lk["held_by"] == "__main__.kept" and lk["bytes_per_step"] == 16 * 64 * 4
+    check = report["leak_check"]
+    assert check["last_step"] - check["last_inventory_step"] <= 299 // 16
+    assert "the last tensor inventory was at step" not in cli("leaks", str(db)).stdout
+
+
 def test_coverage_line_only_when_inventories_stopped_far_from_the_end() -> None:
     def check(last_inv: int, last: int) -> LeakCheck:
         return LeakCheck(10, 4, last_inventory=last_inv, last_step=last, why_sparse="the script froze it")
