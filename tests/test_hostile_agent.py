@@ -18,6 +18,12 @@ HOSTILE = Path(__file__).parent / "hostile"
 FULL = ("--layers-every", "1", "--layers-first", "0", "--inventory-every", "1")
 
 
+@pytest.fixture(autouse=True)
+def _slow_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter's exit as a user's, last collection included (tests/fastexit)."""
+    monkeypatch.setenv("MEMSCOPE_TEST_SLOW_EXIT", "1")
+
+
 def _attached(tmp_path: Path, script: Path) -> str:
     out = memscope("attach", "--headless", "--db", str(tmp_path / "run.db"), *FULL, str(script))
     assert out.returncode == 0, out.stderr

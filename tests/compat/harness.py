@@ -82,7 +82,9 @@ def run_arm(name: str, tmp_path: Path, script: str, args: list[str], *, torchrun
     full_env.update({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
                      # compiled code is shared by the three arms (as on a user's machine): only
                      # the first arm pays for Inductor's C++ builds
-                     "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")})
+                     "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"),
+                     # the interpreter's exit as a user's: a finalizer's noise there shows
+                     "MEMSCOPE_TEST_SLOW_EXIT": "1"})
     full_env.pop("MEMSCOPE_DB", None)
     if env:
         full_env.update(env)
