@@ -10,10 +10,10 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 # Their last garbage collection skipped (tests/fastexit/sitecustomize.py says why and which tests
-# keep it).
+# keep it). Last on PYTHONPATH: a sitecustomize a test puts there (tests/mutants') comes first.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastexit"),
-     *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])
+    [*(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.endswith("fastexit")),
+     os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastexit")])
 
 import contextlib
 import io
