@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -244,3 +245,33 @@ def test_frozen_objects_that_die_are_no_unfreeze(live: LiveTensors) -> None:
         assert found(live, [kept]) == 1 and not live.last_full
     finally:
         gc.unfreeze()
+
+
+def test_a_tensor_another_thread_makes_while_a_walk_lists_is_found_by_the_next(
+        live: LiveTensors, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next walk's mark is made before this walk lists generation 0: a tensor made in
+    between (a loader thread's, say) is past it, not skipped by every walk after."""
+    import memscope.agent.collectors.inventory.live as module
+
+    made: list[torch.Tensor] = []
+    listing = gc.get_objects
+
+    class Racing:  # gc, except that listing generation 0 lets "another thread" make a tensor once
+        def __getattr__(self, name: str) -> Any:
+            return getattr(gc, name)
+
+        def get_objects(self, *generation: int) -> list[Any]:
+            objects = listing(*generation)
+            if generation == (0,) and not made:
+                made.append(torch.zeros(3))
+            return objects
+
+    gc.disable()  # no collection: only the mark decides what the next walk looks at
+    try:
+        assert found(live, []) == 0
+        monkeypatch.setattr(module, "gc", Racing())
+        assert found(live, made) == 0 and len(made) == 1  # made after this walk's list
+        monkeypatch.setattr(module, "gc", gc)
+        assert found(live, made) == 1 and live.since_mark
+    finally:
+        gc.enable()

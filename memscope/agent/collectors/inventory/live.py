@@ -166,11 +166,14 @@ class LiveTensors:
         before its mark were looked at then, and nothing joins generation 1 but by a collection.
         (A ``gc.freeze()`` moves the mark too: then all of the young generations.)"""
         runs = _collections()
-        mark, self._mark = self._mark, None
+        mark, marked_at = self._mark, self._mark_runs
+        # the next walk's mark, made before this walk's list: an object made from here on (by
+        # another thread too) is past it; a collection from here on voids it
+        self._mark, self._mark_runs = [], runs
         out: list[Any] = []
         objects = gc.get_objects(0)  # oldest first: a newly tracked object joins the tail
         try:
-            after = _after(objects, mark) if mark is not None and runs == self._mark_runs else None
+            after = _after(objects, mark) if mark is not None and runs == marked_at else None
             self.since_mark = after is not None
             if after is not None:
                 self.looked_at = len(after)
@@ -184,8 +187,6 @@ class LiveTensors:
                 older.clear()
         finally:
             objects.clear()
-        self._mark = []  # tracked as it is made: the tail of generation 0 from now on
-        self._mark_runs = runs  # a collection since (even during this call) voids the mark
         return out
 
     # -- at an inventory -----------------------------------------------------------------------
@@ -235,6 +236,9 @@ class LiveTensors:
     def _full(self, types: frozenset[type]) -> list[Any]:
         """Walk every object; what the registry already knew stays (a tensor ``gc.freeze()``
         moved out of every generation is invisible to the walk, not dead)."""
+        # the next young walk's mark, before the list (see _young); the old one goes now (a
+        # frozen one counts in the freeze count read below)
+        self._mark, self._mark_runs = [], _collections()
         objects = gc.get_objects()  # youngest generation first
         try:
             found = _pick(objects, types)
@@ -258,8 +262,6 @@ class LiveTensors:
         found.clear()
         self._refs = refs
         self._pending = []
-        # everything was looked at; the old mark goes first (a frozen one counts in the freeze)
-        self._mark, self._mark_runs = [], _collections()
         self._freeze_count = gc.get_freeze_count()
         self._valid = self._hooked
         self.full_scans += 1
