@@ -5,7 +5,7 @@ copy; nothing of theirs lives in this repository, and nothing is downloaded: poi
 at clones), plus each script's clean run. Per run it prints the first and the last inventory
 step at which the leak was reported (the verdict a run ending there would get), whether it was
 ever withdrawn after, the holder and storing line at the end, and the bytes and graph nodes per
-step; a clean run must report nothing from step 20 on.
+step; a clean run must report nothing from step 20 on, and no growth nothing explains at its end.
 
 * makemore (``makemore.py``, transformer, names.txt): ``history.append(loss)`` after backward;
   tensorboard's writer replaced by a no-op (not installed here);
@@ -196,9 +196,11 @@ def _run(name: str, s: Script, repo: Path, tmp: Path, leak: bool) -> bool:
     head = f"{label} {n} steps in {wall:.0f} s, {len(steps)} inventories (last at {steps[-1] if steps else None})"
     if not leak:
         wrong = [st for st in steps if st >= 20 and leaks_at(st)]
+        growth = report.get("unexplained_growth")
         print(f"{head}: {'no leak' if not wrong else f'FALSE LEAK at steps {wrong[:5]}'}; "
-              f"report --json leaks: {[lk['held_by'] for lk in report['leaks']]}")
-        return not wrong and not report["leaks"]
+              f"report --json leaks: {[lk['held_by'] for lk in report['leaks']]}, "
+              f"unexplained_growth: {growth}")
+        return not wrong and not report["leaks"] and growth is None
     mine = {st: [lk for lk in leaks_at(st) if lk.held_by == s.held_by] for st in steps}
     hits = [st for st in steps if mine[st]]
     withdrawn = [st for st in steps if hits and st > hits[0] and not mine[st]]
