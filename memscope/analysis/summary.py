@@ -23,6 +23,7 @@ from memscope.analysis.hotspots import (
     micro_batches,
     profiled_steps,
 )
+from memscope.analysis.attached import Attached, attached_of
 from memscope.store.reader import RunReader
 from memscope.store.step_stats import (StepStats, peak_step, scan_source, step_at, step_stats,
                                        step_value)
@@ -85,6 +86,9 @@ class RunSummary:
     # why the record is incomplete, where it is: recording degraded (the writer's error and from
     # when), the supervisor died, the end was never written, a -wal file holding part of the run
     recording: list[str] = field(default_factory=list)
+    # attached to a running process (memscope attach --pid): when it started, when memscope came
+    # and went; None for a run memscope launched
+    attached: Attached | None = None
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -149,6 +153,7 @@ def summarize(reader: RunReader) -> RunSummary:
         techniques=_techniques(reader),
         ranks=ranks,
         recording=recording_notes(reader, run),
+        attached=attached_of(reader, main),
     )
 
 

@@ -24,6 +24,7 @@ _RAW_STDOUT = {"export", "tui"}
 # added to the run
 COMMANDS = {
     "attach": "attach",
+    "detach": "detach",
     "report": "report",
     "layers": "layers",
     "tui": "tui",

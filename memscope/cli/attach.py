@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 HELP = "run a training script or command with the memscope agent"
 USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
          "       memscope attach [OPTIONS] -m MODULE [ARGS...]\n"
-         "       memscope attach [OPTIONS] -- COMMAND [ARGS...]")
+         "       memscope attach [OPTIONS] -- COMMAND [ARGS...]\n"
+         "       memscope attach --pid PID [OPTIONS]")
 _TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first",
-                "--inventory-every", "--inventory-budget", "--max-steps", "--try", "--simulate-gpu"}
+                "--inventory-every", "--inventory-budget", "--max-steps", "--try", "--simulate-gpu",
+                "--pid", "--duration", "--debugger", "--attach-timeout"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +71,34 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate-gpu", metavar="SIZE", default=None,
                         help="on CUDA, cap each device to SIZE (24GiB, 24GB, 16G, 8000MiB) as if "
                              "the GPU were that small")
+    parser.add_argument("--pid", type=int, default=None, metavar="PID",
+                        help="attach to a training that is already running (CPython 3.10+ with torch "
+                             "imported) instead of starting one; detach with ^C, q, --duration, "
+                             "--max-steps or memscope detach PID")
+    parser.add_argument("--duration", type=float, default=None, metavar="S",
+                        help="with --pid: detach after S seconds of recording")
+    parser.add_argument("--debugger", choices=("auto", "gdb", "lldb"), default="auto",
+                        help="with --pid on Python before 3.14: the debugger that injects the agent "
+                             "(auto: gdb, else lldb; each first tried on a throwaway process)")
+    parser.add_argument("--attach-timeout", type=float, default=15.0, metavar="S",
+                        help="with --pid: how long to wait for the target's interpreter to run the "
+                             "bootstrap (a main thread blocked in a C call); then it is left untouched "
+                             "(default %(default)s)")
+
+
+def agent_options(args: argparse.Namespace) -> tuple[AgentOptions, dict[str, object]]:
+    """The agent's options from attach's arguments, and the ones given (not defaults)."""
+    chosen = {"sample_hz": args.sample_hz, "nvml_interval": args.nvml_interval,
+              "nvml": not args.no_nvml, "layers_every": args.layers_every,
+              "layers_first": args.layers_first, "catch_forward_oom": args.catch_forward_oom,
+              "max_steps": args.max_steps,
+              "try_techniques": [t for w in args.try_techniques for t in w.split(",") if t],
+              "simulate_gpu": parse_size(args.simulate_gpu) if args.simulate_gpu else 0}
+    # only what was given: an explicit --inventory-every without a budget is kept exactly
+    for key in ("inventory_every", "inventory_budget"):
+        if getattr(args, key) is not None:
+            chosen[key] = getattr(args, key)
+    return AgentOptions.from_mapping(chosen), chosen
 
 
 def split(argv: Sequence[str]) -> tuple[list[str], list[str] | None, bool]:
@@ -179,20 +209,19 @@ def main(argv: Sequence[str]) -> int:
     register(parser)
     option_words, command, via_python = split(argv)
     args = parser.parse_args(option_words)
+    if args.pid is not None:
+        if command is not None:
+            raise CliError("attach: give --pid PID or a command to start, not both")
+        from memscope.cli import attach_pid
+
+        return attach_pid.run(args)
+    for name in ("duration", "debugger", "attach_timeout"):
+        if getattr(args, name) != parser.get_default(name):
+            raise CliError(f"attach: --{name.replace('_', '-')} goes with --pid")
     if command is None:
-        raise CliError("attach: give a script, -m MODULE, or -- COMMAND")
+        raise CliError("attach: give a script, -m MODULE, -- COMMAND, or --pid PID")
     try:
-        chosen = {"sample_hz": args.sample_hz, "nvml_interval": args.nvml_interval,
-                  "nvml": not args.no_nvml, "layers_every": args.layers_every,
-                  "layers_first": args.layers_first, "catch_forward_oom": args.catch_forward_oom,
-                  "max_steps": args.max_steps,
-                  "try_techniques": [t for w in args.try_techniques for t in w.split(",") if t],
-                  "simulate_gpu": parse_size(args.simulate_gpu) if args.simulate_gpu else 0}
-        # only what was given: an explicit --inventory-every without a budget is kept exactly
-        for key in ("inventory_every", "inventory_budget"):
-            if getattr(args, key) is not None:
-                chosen[key] = getattr(args, key)
-        options = AgentOptions.from_mapping(chosen)
+        options, _chosen = agent_options(args)
         command = resolve(command)
     except (ValueError, LaunchError) as exc:
         raise CliError(f"attach: {exc}") from None

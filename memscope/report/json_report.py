@@ -37,6 +37,10 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
             "recording": s.recording,
             # additive: techniques attach --try / whatif applied to the script (empty: none)
             "techniques": [{"technique": t["technique"], "applied": t["applied"]} for t in s.techniques],
+            # additive: attached to a running process (memscope attach --pid): its pid, when it
+            # started, when memscope attached and detached, how it ended; the training's own step
+            # count before the attach is unknown (null); null: a run memscope launched
+            "attached": _attached(s),
         },
         "peak": {
             "bytes": s.peak.bytes,
@@ -67,6 +71,14 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
         "unexplained_growth": s.unexplained.as_json() if s.unexplained else None,
         "dataloader_workers": s.workers.as_json() if s.workers else None,
     }
+
+
+def _attached(s: RunSummary) -> dict[str, Any] | None:
+    a = s.attached
+    if a is None:
+        return None
+    return {"pid": a.pid, "process_started": iso(a.process_started), "attached": iso(a.attached),
+            "detached": iso(a.detached), "ended_how": a.how_it_ended, "steps_before_attach": None}
 
 
 def _round(v: float | None) -> float | None:

@@ -18,6 +18,32 @@ from memscope.units import human_bytes
 _METRIC = {"rss": "host RSS", "cuda_allocated": "CUDA allocated"}
 
 
+def attached_lines(s: RunSummary) -> list[str]:
+    """A run attached by pid: when the process started, when memscope came and went."""
+    a = s.attached
+    assert a is not None
+    since = ""
+    if a.process_started is not None:
+        since = f", {_span(a.attached - a.process_started)} after it started ({clock(a.process_started)})"
+    lines = [f"attached  pid {a.pid} at {clock(a.attached)}{since}; steps count from the attach "
+             "(the training's own step number before it is unknown)"]
+    if a.detached is not None:
+        lines.append(f"detached  {clock(a.detached)} ({shown_text(a.how_it_ended or 'asked')}); the "
+                     "training went on")
+    elif a.how_it_ended:
+        lines.append(f"ended     {shown_text(a.how_it_ended)}")
+    return lines
+
+
+def _span(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s >= 86400:
+        return f"{s // 86400} d {s % 86400 // 3600} h"
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
+
+
 def render_summary(s: RunSummary) -> str:
     if s.signal is not None:
         ending = f"{s.status}, signal {s.signal}"
@@ -32,6 +58,8 @@ def render_summary(s: RunSummary) -> str:
         f"device    {shown(s.device)} · torch {shown(s.torch or '?')} · {len(s.processes)} process(es)",
         f"time      {clock(s.started)} → {_end(s)}{duration}",
     ]
+    if s.attached is not None:
+        lines.extend(attached_lines(s))
     for t in s.techniques:  # attach --try: the numbers below are of the changed training
         lines.append(f"{'applied' if t['applied'] else 'not applied':<9} {shown_text(t['message'])} (--try)")
     step_line = f"steps     {s.steps} completed"

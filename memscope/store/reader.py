@@ -349,6 +349,7 @@ _BOUNDS: dict[str, float] = {
                      "local_rank", "world_size", "version", "id", "pid", "owner_pid", "exit_code",
                      "signal", "samples", "dropped", "truncated", "requires_grad",
                      "micro_batches"), _COUNT),
-    **dict.fromkeys(("t", "start", "end", "started", "ended", "heartbeat", "applied"), _TIME),
+    **dict.fromkeys(("t", "start", "end", "started", "ended", "heartbeat", "applied", "attached",
+                     "process_started"), _TIME),
     **dict.fromkeys(("forward_s", "backward_s", "duration_s"), _DURATION),
 }

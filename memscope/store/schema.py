@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -263,10 +263,16 @@ CREATE TABLE step_windows (
 );
 """
 
+# a process memscope attached to while it ran (memscope attach --pid): when the process itself
+# started and when memscope attached; processes.status may then be 'detached'
+_V11 = """
+ALTER TABLE processes ADD COLUMN attached REAL;
+ALTER TABLE processes ADD COLUMN process_started REAL;
+"""
 
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -51,6 +51,10 @@ class StepTracker:
         # a step boundary that failed (its row may be lost): counted and said, never silent
         self.on_close_error: Callable[[int, BaseException], None] | None = None
         self.close_errors = 0
+        # attached to a running process: the first boundary only marks where step 0 starts (the
+        # step in progress began before memscope was there); ``on_anchor(t)`` is told
+        self.anchor_pending = False
+        self.on_anchor: Callable[[float], None] | None = None
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -94,14 +98,24 @@ class StepTracker:
         torch.autograd.backward = backward
 
     def remove(self) -> None:
+        self.disable()
+        self.remove_hooks()
+
+    def disable(self) -> None:
+        """Stop marking steps and put ``torch.autograd.backward`` back; the optimizer hooks stay
+        registered, inert, for :meth:`remove_hooks`: removing one while torch iterates over them
+        (inside an optimizer's step, where a detach at a step boundary runs) breaks that step."""
         self.enabled = False
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
         current = getattr(torch.autograd.backward, "__wrapped__", None)
         if self._orig_backward is not None and current is self._orig_backward:
             torch.autograd.backward = self._orig_backward  # type: ignore[assignment]
         self._orig_backward = None
+
+    def remove_hooks(self) -> None:
+        """Unregister the optimizer hooks (outside any optimizer step of this thread)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
     # -- events --------------------------------------------------------------------------------
 
@@ -154,6 +168,16 @@ class StepTracker:
                 self._close(time.time())
 
     def _close(self, end: float) -> None:
+        if self.anchor_pending:  # attached mid-step: step 0 starts here
+            self.anchor_pending = False
+            self._activity = False
+            self.step_start = end
+            if self.on_anchor is not None:
+                try:
+                    self.on_anchor(end)
+                except Exception:  # noqa: BLE001 - never into the training step
+                    pass
+            return
         step, start = self.step, self.step_start
         self._activity = False
         self.step += 1

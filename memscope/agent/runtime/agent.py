@@ -67,10 +67,12 @@ def _file_id(owns_run: bool) -> tuple[int, int] | None:
 
 
 class Agent:
-    def __init__(self, db: str, options: AgentOptions, owns_run: bool) -> None:
+    def __init__(self, db: str, options: AgentOptions, owns_run: bool, attach: Any = None) -> None:
         self.db = db
         self.options = options
         self.owns_run = owns_run  # memscope.start() created the run file; attach's supervisor did not
+        # injected into a running process (memscope attach --pid): an attached.Attachment
+        self.attach = attach
         self.proc_id: int | None = None
         self.running = False
         self.samples = 0
@@ -83,7 +85,7 @@ class Agent:
         self._tick_lock = threading.Lock()
         self._rss = RssReader()
         self._writer = RunWriter(db, options.queue_size, options.flush_interval,
-                                 file_id=_file_id(owns_run))
+                                 file_id=attach.db_id if attach is not None else _file_id(owns_run))
         self._tracker = StepTracker(self._on_step_close)
         self._tracker.on_close_error = self._step_close_failed
         self._step_failures: set[str] = set()  # parts of a step boundary that failed (said once)
@@ -127,12 +129,16 @@ class Agent:
             "started": time.time(),
             "heartbeat": time.time(),
             "status": "running",
+            **(self.attach.process_fields() if self.attach is not None else {}),
         })
         # the writer stamps this row about every second: heartbeat, drop count, samples so far
         self._writer.proc_id = self.proc_id
         self._writer.samples = lambda: self.samples
         self._writer.start(self._turns)
-        self._tracker.install()
+        if self.attach is not None:
+            self.attach.install_tracker(self._tracker)  # on the training thread when it must be
+        else:
+            self._tracker.install()
         self._tracker.on_error = self._backward_error
         # torch.compile(module) results, seen being built: asking costs nothing per step
         self._guard_call("compile", compiled_seen.start)
@@ -149,14 +155,17 @@ class Agent:
             self._block_profile = OnceProfile(self.event)
         self.running = True
         self._tick()  # a first sample at t0, before any training
-        supervisor = _env_int(ENV_SUPERVISOR)
+        supervisor = _env_int(ENV_SUPERVISOR) if self.attach is None else None
+        if self.attach is not None:
+            self.attach.started(self._turns)  # its supervisor watch and detach requests
         if supervisor is not None and not self.owns_run:
             self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
             self._watch.start()
             self._turns.every(self._watch.interval, self._watch.check)  # no thread of its own
         self._turns.add(self._sampler, self._sampler.interval)
         self._turns.start()
-        self._layers_next(0)
+        if self.attach is None:
+            self._layers_next(0)  # attached: at the first boundary (Attachment.anchored)
 
     def _on_thread_soon(self, call: Any) -> bool:
         """Run ``call`` once on memscope's thread, now; False when that thread is not running."""
@@ -175,15 +184,26 @@ class Agent:
         finally:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def stop(self) -> None:
-        """Remove hooks, flush, and record how this process ended. Idempotent."""
+    def stop(self, detaching: bool = False, on_training_thread: bool = True) -> None:
+        """Remove hooks, flush, and record how this process ended. Idempotent. ``detaching``
+        (memscope detach): the process goes on; the optimizer hooks are removed later, on the
+        training thread (:meth:`remove_late_hooks`), and the row says ``detached``. Off the
+        training thread (``on_training_thread=False``), a measured step's thread-local state
+        (saved-tensor hooks, a dispatch mode) is ended there later too."""
         if not self.running:
             return
         if self._watch is not None:
             self._watch.stop()
-        self._tracker.remove()
-        self._layers_stop()
-        self._peak.stop()
+        if detaching:
+            self._tracker.disable()
+        else:
+            self._tracker.remove()
+        if on_training_thread:
+            self._layers_stop()
+            self._peak.stop()
+        else:
+            self._layers.active = False  # its hooks do nothing from now on
+            self._late_stops = [self._layers_stop, self._peak.stop]
         if self._whatif is not None:
             self._whatif.stop()
         if self._block_profile is not None:
@@ -200,13 +220,29 @@ class Agent:
         self._writer.close()
         if self._nvml is not None:
             self._nvml.close()
-        self._finish_process_row()
+        self._finish_process_row("detached" if detaching else "stopped")
         if self.owns_run and self._writer.file_gone() is None:
             try:
                 finish_run(self.db, exit_code=None, signal=None, status="finished")
             except RunFileError:
                 pass  # nothing to write it to; readers call the run abandoned once we are gone
         self._rss.close()
+
+    def step_state_held(self) -> bool:
+        """Whether a step under measurement holds thread-local state on the training thread now
+        (the layer profiler's saved-tensor hooks, the one-step peak's mode, a leak site capture)."""
+        return bool(self._layers.active or self._peak.peak is not None or self._leaks.sites.capturing)
+
+    def remove_late_hooks(self) -> None:
+        """After a detach, on the training thread outside any optimizer step: the optimizer
+        hooks, and what a detach from memscope's thread had to leave to this thread."""
+        self._tracker.remove_hooks()
+        for stop in getattr(self, "_late_stops", []):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - inert already
+                pass
+        self._late_stops = []
 
     def disable_after_fork(self) -> None:
         """In a forked child (a DataLoader worker): inherited hooks become no-ops; no threads
@@ -283,6 +319,10 @@ class Agent:
     def step(self) -> None:
         if self.running:
             self._tracker.manual_step()
+
+    def steps_anchored(self) -> None:
+        """Attached to a running process: the first step boundary was seen, step 0 begins."""
+        self._layers_next(0)
 
     # -- the collectors' interface (memscope.agent.collectors.host.CollectorHost) -------------------------
 
@@ -479,6 +519,8 @@ class Agent:
             self._layers_next(step + 1)
         if peak.step == step + 1:
             peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
+        if self.attach is not None:
+            self.attach.step_closed(step)  # a detach asked for happens here, on the training thread
 
     def _close_cuda_peaks(self) -> tuple[int | None, int | None, int | None, float]:
         """Under the lock, at a step boundary: each CUDA device's step peaks closed (allocated,
@@ -596,16 +638,17 @@ class Agent:
                                        "message": message,
                                        "data": json.dumps(data) if data is not None else None})
 
-    def _finish_process_row(self) -> None:
+    def _finish_process_row(self, status: str = "stopped") -> None:
         """The process row's last word. Never into a file that is no longer the run's; while
         the file refuses writes (a lock), left in the spill file for the supervisor."""
         writer = self._writer
         if writer.file_gone() is not None:
             return
         now = time.time()
-        sql = ("UPDATE processes SET ended = ?, status = 'stopped', samples = ?, dropped = ?,"
+        sql = ("UPDATE processes SET ended = ?, status = ?, samples = ?, dropped = ?,"
                " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?")
-        params = (now, self.samples, writer.dropped, self._tracker.mode, self.device, now, self.proc_id)
+        params = (now, status, self.samples, writer.dropped, self._tracker.mode, self.device, now,
+                  self.proc_id)
         if writer.handed_off or os.path.exists(writer.spill_path):
             writer.spill_now(sql, params)  # after the rows waiting there, in order
             return

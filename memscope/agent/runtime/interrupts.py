@@ -55,3 +55,13 @@ def install(later: Callable[[Callable[[], None]], bool]) -> None:
         _previous = sys.unraisablehook
         sys.unraisablehook = _hook
 
+
+
+def uninstall() -> None:
+    """Put the process's unraisable hook back (a detach: the process goes on without memscope),
+    unless something wrapped ours since (then ours stays, passing everything on)."""
+    global _previous, _later
+    _later = None
+    if sys.unraisablehook is _hook:
+        sys.unraisablehook = _previous or sys.__unraisablehook__
+        _previous = None
