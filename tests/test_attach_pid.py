@@ -201,6 +201,12 @@ def test_each_way_of_detaching(scenario: dict[str, Any]) -> None:
     assert scenario["second"].returncode == 0, scenario["second"].stderr
     assert scenario["third_rc"] == 0, scenario["third"][1]
     assert _steps(tmp / "b.db") == 15
+    for name in ("a.db", "b.db", "c.db"):  # step 0 begins at the first boundary after the attach
+        conn = sqlite3.connect(tmp / name)
+        attached, first_start = conn.execute("SELECT attached, (SELECT min(start) FROM steps) FROM processes").fetchone()
+        conn.close()
+        anchor = _events(tmp / name, "steps_anchored")[0]["data"]["t"]
+        assert attached < anchor == first_start
     for name in ("a.db", "b.db", "c.db"):
         conn = sqlite3.connect(tmp / name)
         assert conn.execute("SELECT status FROM processes").fetchall() == [("detached",)]

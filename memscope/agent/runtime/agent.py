@@ -110,6 +110,7 @@ class Agent:
         self._peak = PeakStep(self, lambda: self._cuda_enabled and bool(cuda.cuda_devices_in_use()),
                               self._leaks.live_tensors)
         self._watch: SupervisorWatch | None = None
+        self._whatif: Any = None  # memscope.agent.whatif.techniques.Controller, when wanted
         self._block_profile: Any = None  # memscope.agent.whatif.sac_once.OnceProfile
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -135,10 +136,8 @@ class Agent:
         self._writer.proc_id = self.proc_id
         self._writer.samples = lambda: self.samples
         self._writer.start(self._turns)
-        if self.attach is not None:
-            self.attach.install_tracker(self._tracker)  # on the training thread when it must be
-        else:
-            self._tracker.install()
+        if self.attach is None:
+            self._tracker.install()  # attached: last, once every part is ready (the training runs)
         self._tracker.on_error = self._backward_error
         # torch.compile(module) results, seen being built: asking costs nothing per step
         self._guard_call("compile", compiled_seen.start)
@@ -157,6 +156,7 @@ class Agent:
         self._tick()  # a first sample at t0, before any training
         supervisor = _env_int(ENV_SUPERVISOR) if self.attach is None else None
         if self.attach is not None:
+            self.attach.install_tracker(self._tracker)  # on the training thread when it must be
             self.attach.started(self._turns)  # its supervisor watch and detach requests
         if supervisor is not None and not self.owns_run:
             self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
