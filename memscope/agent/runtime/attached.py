@@ -95,7 +95,6 @@ class Attachment:
         self._watch = SupervisorWatch(self.supervisor, self._supervisor_gone)
         self._watch.start()
         turns.every(DETACH_POLL_S, self._poll)
-        atexit.register(_at_exit)
 
     def _anchored(self, t: float) -> None:
         self.agent.event("steps_anchored", "the first step boundary after the attach: step 0 begins here",
@@ -299,10 +298,12 @@ def start(args: dict[str, Any]) -> None:
         agent = Agent(att.db, options, owns_run=False, attach=att)
         att.agent = agent
         _current = att
+        atexit.register(_at_exit)  # before the agent's first row: an exit from now on is recorded
         try:
             agent.start()
         except BaseException:
             _current = None
+            atexit.unregister(_at_exit)
             raise
 
 
