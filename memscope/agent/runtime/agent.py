@@ -194,8 +194,8 @@ class Agent:
             return
         if self._watch is not None:
             self._watch.stop()
-        if detaching:
-            self._tracker.disable()
+        if detaching:  # the rest at the training thread's next backward: remove_late_hooks
+            self._tracker.disable(then=self.remove_late_hooks)
         else:
             self._tracker.remove()
         if on_training_thread:
@@ -234,9 +234,8 @@ class Agent:
         return bool(self._layers.active or self._peak.peak is not None or self._leaks.sites.capturing)
 
     def remove_late_hooks(self) -> None:
-        """After a detach, on the training thread outside any optimizer step: the optimizer
-        hooks, and what a detach from memscope's thread had to leave to this thread."""
-        self._tracker.remove_hooks()
+        """After a detach, at the training thread's next backward (the tracker has removed its
+        hooks): what a detach from memscope's thread had to leave to this thread."""
         for stop in getattr(self, "_late_stops", []):
             try:
                 stop()
