@@ -51,20 +51,24 @@ demo: install
 	$(BIN)/memscope attach --headless --force --db demo.db examples/tiny_gpt.py --steps 30
 	$(BIN)/memscope report demo.db
 
-# System tools the end-to-end tests drive: tmux (a real terminal for the dashboard) and headless
-# Chromium (opens the HTML report). Installed from Debian's packages when missing; where that is
-# not possible the tests that need them skip and say why.
+# System tools the end-to-end tests drive: tmux (a real terminal for the dashboard), headless
+# Chromium (opens the HTML report), gdb and lldb (memscope attach --pid injects through them: gdb
+# 13 cannot restore the registers of CPUs with AMX state, so lldb is what works on such a
+# machine). Installed from Debian's packages when missing; where that is not possible the tests
+# that need them fail and say why.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-deps:
 	@missing=""; \
 	command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v gdb >/dev/null 2>&1 || missing="$$missing gdb"; \
+	command -v lldb >/dev/null 2>&1 || missing="$$missing lldb"; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing$$missing from Debian's packages"; \
 	    ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq$$missing >/dev/null) \
-	      || echo "warning: could not install$$missing; the tests that need them will skip"; \
-	  else echo "warning:$$missing not installed and no apt-get; the tests that need them will skip"; fi; \
+	      || echo "warning: could not install$$missing; the tests that need them will fail saying why"; \
+	  else echo "warning:$$missing not installed and no apt-get; the tests that need them will fail saying why"; fi; \
 	fi
 
 # The suite on TEST_JOBS workers (pytest-xdist; auto: one per core). --dist loadfile keeps each

@@ -64,6 +64,10 @@ class Target:
         with self._seen:
             assert self._seen.wait_for(lambda: any(text == ln for ln in self.lines), timeout), self.lines[-3:]
 
+    def wait_line_prefix(self, prefix: str, timeout: float = 300) -> None:
+        with self._seen:
+            assert self._seen.wait_for(lambda: any(ln.startswith(prefix) for ln in self.lines), timeout)
+
     def state(self) -> dict[str, Any]:
         self.proc.wait(timeout=300)
         time.sleep(0.1)
@@ -118,7 +122,9 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("attach_pid")
     fast = tmp / "fast"
     out: dict[str, Any] = {"tmp": tmp}
-    target = Target("--steps", str(STEPS), "--leak", "--sleep", "0.01", "--fast-file", str(fast))
+    oom = tmp / "oom"
+    target = Target("--steps", str(STEPS), "--leak", "--sleep", "0.01", "--fast-file", str(fast),
+                    "--oom-after", str(oom))
     plain = subprocess.run([sys.executable, str(TARGET), "--steps", str(STEPS), "--leak"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     out["plain"] = json.loads(plain.stdout.split("STATE ", 1)[1])
@@ -156,11 +162,36 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         third.send_signal(signal.SIGINT)
         out["third"] = third.communicate(timeout=120)
         out["third_rc"] = third.returncode
+        fast.touch()
+        target.wait_line_prefix("STATE ")
+        # 4: attached when it runs out of memory and dies of it
+        fourth = _attach("--pid", str(pid), "--headless", "--db", str(tmp / "d.db"))
+        until = time.time() + 120
+        while not _steps_or_rows(tmp / "d.db"):
+            assert time.time() < until and fourth.poll() is None, fourth.stderr.read() if fourth.stderr else ""
+            time.sleep(0.1)
+        oom.touch()
+        out["fourth"] = fourth.communicate(timeout=120)
+        out["fourth_rc"] = fourth.returncode
     finally:
         fast.touch()
+        oom.touch()
         out["state"] = target.state()
         out["target_rc"] = target.proc.returncode
     return out
+
+
+def _steps_or_rows(db: Path) -> bool:
+    """Whether the agent runs there: its ``attached`` event is written (the command's "attached"
+    line comes then too)."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return bool(conn.execute("SELECT count(*) FROM events WHERE kind = 'attached'").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
 
 
 def test_leak_from_before_the_attach_is_reported_with_holder_line_and_rate(scenario: dict[str, Any]) -> None:
@@ -183,7 +214,6 @@ def test_leak_from_before_the_attach_is_reported_with_holder_line_and_rate(scena
 
 
 def test_training_unchanged_and_nothing_left_after_detach(scenario: dict[str, Any]) -> None:
-    assert scenario["target_rc"] == 0
     state, plain = dict(scenario["state"]), dict(scenario["plain"])
     assert state.pop("memscope_imported") is True and plain.pop("memscope_imported") is False
     assert state == plain  # losses, threads, hooks, patched functions, trace functions, sys.path
@@ -201,6 +231,13 @@ def test_each_way_of_detaching(scenario: dict[str, Any]) -> None:
     assert scenario["second"].returncode == 0, scenario["second"].stderr
     assert scenario["third_rc"] == 0, scenario["third"][1]
     assert _steps(tmp / "b.db") == 15
+    for name in ("a.db", "b.db", "c.db"):  # step 0 begins at the first boundary after the attach
+        conn = sqlite3.connect(tmp / name)
+        attached, first_start = conn.execute(
+            "SELECT attached, (SELECT min(start) FROM steps) FROM processes").fetchone()
+        conn.close()
+        anchor = _events(tmp / name, "steps_anchored")[0]["data"]["t"]
+        assert attached < anchor == first_start
     for name in ("a.db", "b.db", "c.db"):
         conn = sqlite3.connect(tmp / name)
         assert conn.execute("SELECT status FROM processes").fetchall() == [("detached",)]
@@ -220,3 +257,16 @@ def test_refusals_on_a_running_training(scenario: dict[str, Any]) -> None:
     assert "already recorded by memscope into " in already.stderr and "a.db" in already.stderr
     for name in ("n.db", "s.db", "x.db"):
         assert not (scenario["tmp"] / name).exists()
+
+
+def test_an_oom_while_attached_is_captured(scenario: dict[str, Any]) -> None:
+    """Attached after the training's end, when its next forward runs out of host memory and the
+    process dies of it: the post-mortem is in the run file, the process's end too."""
+    assert scenario["target_rc"] == 1  # the uncaught out-of-memory error
+    assert scenario["fourth_rc"] == 0, scenario["fourth"][1]
+    assert f"pid {scenario['pid']} ended while attached" in scenario["fourth"][1]
+    report = report_json(scenario["tmp"] / "d.db")
+    oom = report["oom"]
+    assert oom is not None and oom["requested_bytes"] >= (1 << 42) * 64 * 4, oom
+    assert "DefaultCPUAllocator" in oom["message"]
+    assert report["run"]["attached"]["ended_how"] == "the process ended while memscope was attached"

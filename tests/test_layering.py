@@ -21,8 +21,10 @@ ALLOWED: dict[str, set[str]] = {
     # runners launch training processes: they read the agent's options (no torch) and the store
     "memscope.runners": {"memscope.agent.runtime.config", "memscope.analysis", "memscope.report", "memscope.store"},
     "memscope.integrations": {"memscope.agent"},
+    # node: processes memscope did not launch (attach --pid, top, daemon); reads them from outside
+    "memscope.node": {"memscope.analysis", "memscope.store"},
     "memscope.cli": {"memscope.analysis", "memscope.report", "memscope.runners", "memscope.store",
-                     "memscope.agent.runtime.config"},
+                     "memscope.agent.runtime.config", "memscope.node"},
     "memscope_tui": {"memscope.analysis", "memscope.store"},
 }
 # modules that import nothing of memscope above the floor

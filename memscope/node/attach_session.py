@@ -54,12 +54,17 @@ def _reader_conn(db: str) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
 
 
-def _process_row(db: str, pid: int) -> tuple[int, str] | None:
+def _process_row(db: str, pid: int, running: bool = False) -> tuple[int, str] | None:
+    """The agent's process row (``running``: only once its ``attached`` event is written too,
+    which the agent does when every part of it is in place)."""
     try:
         conn = _reader_conn(db)
         try:
             row = conn.execute("SELECT id, status FROM processes WHERE pid = ? AND attached IS NOT NULL"
                                " ORDER BY id DESC LIMIT 1", (pid,)).fetchone()
+            if row and running and not conn.execute("SELECT 1 FROM events WHERE proc = ? AND kind = 'attached'",
+                                                    (row[0],)).fetchone():
+                return None
         finally:
             conn.close()
     except sqlite3.Error:
@@ -186,7 +191,7 @@ def _inject(target: Target, db: str, created: tuple[int, int] | None, options: d
 
 def _wait_for_agent(target: Target, db: str, until: float) -> tuple[int, str] | None:
     while True:
-        row = _process_row(db, target.pid)
+        row = _process_row(db, target.pid, running=True)
         if row is not None:
             return row
         failed = _failure(db)

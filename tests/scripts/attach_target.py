@@ -4,7 +4,8 @@ It trains a small model for ``--steps`` steps (``--sleep`` seconds between them)
 64 KiB tensor a step in ``kept`` with ``--leak``; says ``at step N`` on stdout every 10 steps;
 ``--fast-file F``: once F exists, no more sleeping (the losses do not depend on it); with
 ``--block-at K --block-s S`` its main thread sleeps S seconds in one C call at step K (no
-bytecode runs there). At the end it prints one JSON line: the losses' digest, the leak's own
+bytecode runs there). ``--oom-after F``: after the end, wait for F, then fail with an uncaught CPU out-of-memory
+error in a forward (exit 1). At the end it prints one JSON line: the losses' digest, the leak's own
 count of bytes per kept tensor, and what memscope could have left in the process (threads,
 hooks, patched functions, trace functions), so a test compares it with a run never attached.
 """
@@ -53,6 +54,8 @@ def main() -> None:
     p.add_argument("--block-at", type=int, default=-1)
     p.add_argument("--block-s", type=float, default=0.0)
     p.add_argument("--fast-file", default=None, help="once this file exists, stop sleeping")
+    p.add_argument("--oom-after", default=None, metavar="FILE",
+                   help="after the state line, wait for FILE, then run a forward too big for memory")
     a = p.parse_args()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
@@ -76,6 +79,10 @@ def main() -> None:
     out = {"digest": digest.hexdigest(), "steps": a.steps,
            "leak_bytes_each": (sum(t.nbytes for t in kept) // len(kept)) if kept else 0, **state()}
     print("STATE " + json.dumps(out), flush=True)
+    if a.oom_after:
+        while not os.path.exists(a.oom_after):
+            time.sleep(0.05)  # bytecodes keep running: an attach can happen here
+        model(torch.empty(1 << 42, 64))  # 1 PiB: the CPU allocator refuses it, nobody catches it
 
 
 kept: list = []

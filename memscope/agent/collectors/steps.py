@@ -55,23 +55,26 @@ class StepTracker:
         # step in progress began before memscope was there); ``on_anchor(t)`` is told
         self.anchor_pending = False
         self.on_anchor: Callable[[float], None] | None = None
+        self._at_backward: list[Callable[[], None]] = []  # jobs for the training thread, see install
 
     # -- install / remove ----------------------------------------------------------------------
 
     @runtime_only
-    def install(self) -> None:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
-        self._handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
-        self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
+    def install(self, optimizer_hooks_now: bool = True) -> None:
+        """``optimizer_hooks_now=False`` (attached to a running process whose program has global
+        optimizer hooks of its own): they are registered at the next ``backward`` instead, on the
+        training thread, where no optimizer step iterates them."""
+        if optimizer_hooks_now:
+            self._register_optimizer_hooks()
+        else:
+            self._at_backward.append(self._register_optimizer_hooks)
         orig = torch.autograd.backward
         self._orig_backward = orig
         tracker = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if tracker._at_backward and not is_compiling():
+                tracker._run_at_backward()
             if is_compiling() or not tracker.enabled:
                 return orig(*args, **kwargs)
             depth = getattr(tracker._backward_depth, "n", 0)
@@ -98,18 +101,49 @@ class StepTracker:
         torch.autograd.backward = backward
 
     def remove(self) -> None:
-        self.disable()
-        self.remove_hooks()
-
-    def disable(self) -> None:
-        """Stop marking steps and put ``torch.autograd.backward`` back; the optimizer hooks stay
-        registered, inert, for :meth:`remove_hooks`: removing one while torch iterates over them
-        (inside an optimizer's step, where a detach at a step boundary runs) breaks that step."""
         self.enabled = False
+        self._at_backward.clear()
+        self.remove_hooks()
+        self._unpatch_backward()
+
+    def disable(self, then: Callable[[], None] | None = None) -> None:
+        """Stop marking steps; the rest waits for the next ``backward`` (on the training thread,
+        outside any optimizer step): unregister the optimizer hooks (removing one while torch
+        iterates over them, inside an optimizer's step where a detach at a step boundary runs,
+        breaks that step), put ``torch.autograd.backward`` back, then ``then()``. Until then
+        every hook is inert."""
+        self.enabled = False
+
+        def later() -> None:
+            self.remove_hooks()
+            self._unpatch_backward()
+            if then is not None:
+                then()
+
+        self._at_backward.append(later)
+
+    def _unpatch_backward(self) -> None:
         current = getattr(torch.autograd.backward, "__wrapped__", None)
         if self._orig_backward is not None and current is self._orig_backward:
             torch.autograd.backward = self._orig_backward  # type: ignore[assignment]
         self._orig_backward = None
+
+    def _register_optimizer_hooks(self) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self._handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
+        self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
+
+    def _run_at_backward(self) -> None:
+        while self._at_backward:
+            job = self._at_backward.pop(0)
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - inert hooks left are better than a broken step
+                pass
 
     def remove_hooks(self) -> None:
         """Unregister the optimizer hooks (outside any optimizer step of this thread)."""

@@ -110,6 +110,7 @@ class Agent:
         self._peak = PeakStep(self, lambda: self._cuda_enabled and bool(cuda.cuda_devices_in_use()),
                               self._leaks.live_tensors)
         self._watch: SupervisorWatch | None = None
+        self._whatif: Any = None  # memscope.agent.whatif.techniques.Controller, when wanted
         self._block_profile: Any = None  # memscope.agent.whatif.sac_once.OnceProfile
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -135,10 +136,8 @@ class Agent:
         self._writer.proc_id = self.proc_id
         self._writer.samples = lambda: self.samples
         self._writer.start(self._turns)
-        if self.attach is not None:
-            self.attach.install_tracker(self._tracker)  # on the training thread when it must be
-        else:
-            self._tracker.install()
+        if self.attach is None:
+            self._tracker.install()  # attached: last, once every part is ready (the training runs)
         self._tracker.on_error = self._backward_error
         # torch.compile(module) results, seen being built: asking costs nothing per step
         self._guard_call("compile", compiled_seen.start)
@@ -157,6 +156,7 @@ class Agent:
         self._tick()  # a first sample at t0, before any training
         supervisor = _env_int(ENV_SUPERVISOR) if self.attach is None else None
         if self.attach is not None:
+            self.attach.install_tracker(self._tracker)  # on the training thread when it must be
             self.attach.started(self._turns)  # its supervisor watch and detach requests
         if supervisor is not None and not self.owns_run:
             self._watch = SupervisorWatch(supervisor, self._supervisor_gone)
@@ -194,8 +194,8 @@ class Agent:
             return
         if self._watch is not None:
             self._watch.stop()
-        if detaching:
-            self._tracker.disable()
+        if detaching:  # the rest at the training thread's next backward: remove_late_hooks
+            self._tracker.disable(then=self.remove_late_hooks)
         else:
             self._tracker.remove()
         if on_training_thread:
@@ -234,9 +234,8 @@ class Agent:
         return bool(self._layers.active or self._peak.peak is not None or self._leaks.sites.capturing)
 
     def remove_late_hooks(self) -> None:
-        """After a detach, on the training thread outside any optimizer step: the optimizer
-        hooks, and what a detach from memscope's thread had to leave to this thread."""
-        self._tracker.remove_hooks()
+        """After a detach, at the training thread's next backward (the tracker has removed its
+        hooks): what a detach from memscope's thread had to leave to this thread."""
         for stop in getattr(self, "_late_stops", []):
             try:
                 stop()

@@ -10,14 +10,16 @@ against a launched run:
   must not change while the training thread is inside such an iteration ("OrderedDict mutated
   during iteration" in the user's step). They are installed from here only while those dicts are
   empty (nothing iterates an empty dict long enough to see a change); else, and for their
-  removal at detach, on the training thread at a moment no optimizer step runs: a one-shot
-  global forward pre-hook (torch iterates module hooks over a copy, so that hook may add and
-  remove hooks, itself included).
+  removal at detach, at the training thread's next ``backward`` (memscope's wrapper of
+  ``torch.autograd.backward`` runs the job on entry; no optimizer step iterates its hooks then).
+  Not a global module hook: with a ``torch.compile(module)`` alive, one makes torch warn into
+  the training's output.
 * Detach (``memscope detach``, the attach command's ^C / q / --duration / --max-steps, or the
   command gone): at the next step boundary, on the training thread (the collectors that hold
   thread-local state for a step, the layer profiler's saved-tensor hooks and the one-step peak's
   dispatch mode, end there cleanly); if no boundary comes within DETACH_WAIT_S, from memscope's
   own thread. The run file closes with a ``detached`` event; every hook, patch and thread goes.
+  The optimizer hooks and the ``backward`` wrapper go at the next ``backward`` (inert until then).
   What stays: memscope's modules, imported (inert; a later attach reuses them), and this module's
   fork handler (Python cannot unregister one; it does nothing unless an agent records).
 """
@@ -30,10 +32,9 @@ import sqlite3
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from memscope.agent.runtime.watchdog import SupervisorWatch
-from memscope.agent.torchcompat.compiled import is_compiling, runtime_only
 
 DETACH_POLL_S = 0.5  # how often the run file is asked whether a detach was requested
 DETACH_WAIT_S = 5.0  # for a step boundary (the training thread) before detaching from memscope's thread
@@ -65,7 +66,6 @@ class Attachment:
         self.detached = threading.Event()
         self._watch: SupervisorWatch | None = None
         self._conn: sqlite3.Connection | None = None
-        self._late: list[Callable[[], None]] = []  # for the training thread, after the detach
         self._unmapped = False  # the debugger's page, given back once the command said where it is
 
     # -- start ---------------------------------------------------------------------------------
@@ -85,17 +85,15 @@ class Attachment:
         tracker.on_anchor = self._anchored
         from torch.optim import optimizer as optim_module
 
-        if optim_module._global_optimizer_pre_hooks or optim_module._global_optimizer_post_hooks:
-            on_training_thread(tracker.install)  # the program has global optimizer hooks of its own
-        else:
-            tracker.install()
+        # the program's own global optimizer hooks: torch may be iterating them right now
+        busy = bool(optim_module._global_optimizer_pre_hooks or optim_module._global_optimizer_post_hooks)
+        tracker.install(optimizer_hooks_now=not busy)
 
     def started(self, turns: Any) -> None:
         """The agent runs: watch the command, and the run file for a detach request."""
         self._watch = SupervisorWatch(self.supervisor, self._supervisor_gone)
         self._watch.start()
         turns.every(DETACH_POLL_S, self._poll)
-        atexit.register(_at_exit)
 
     def _anchored(self, t: float) -> None:
         self.agent.event("steps_anchored", "the first step boundary after the attach: step 0 begins here",
@@ -209,19 +207,8 @@ class Attachment:
             from memscope.agent.runtime import interrupts
 
             interrupts.uninstall()
-            self._late.append(agent.remove_late_hooks)
-            on_training_thread(self._run_late)
             if _current is self:
                 _current = None
-
-    def _run_late(self) -> None:
-        while self._late:
-            job = self._late.pop(0)
-            try:
-                job()
-            except Exception:  # noqa: BLE001 - inert hooks left are better than a broken step
-                pass
-
 
 def _at_exit() -> None:
     """The process ends while attached: record its end as a launched run's agent would."""
@@ -232,30 +219,6 @@ def _at_exit() -> None:
             att.agent.stop()
         except Exception:  # noqa: BLE001
             pass
-
-
-def on_training_thread(fn: Callable[[], None]) -> None:
-    """Run ``fn`` once, at the next module forward of any thread (outside optimizer steps)."""
-    from torch.nn.modules import module as nn_module
-
-    box: list[Any] = []
-
-    @runtime_only
-    def hook(module: Any, args: Any) -> None:
-        if is_compiling() or not box:
-            return None
-        try:
-            handle = box.pop()
-        except IndexError:
-            return None  # another thread took it
-        handle.remove()
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - never into the training
-            pass
-        return None
-
-    box.append(nn_module.register_module_forward_pre_hook(hook))
 
 
 def _clock(t: float | None) -> str:
@@ -299,10 +262,12 @@ def start(args: dict[str, Any]) -> None:
         agent = Agent(att.db, options, owns_run=False, attach=att)
         att.agent = agent
         _current = att
+        atexit.register(_at_exit)  # before the agent's first row: an exit from now on is recorded
         try:
             agent.start()
         except BaseException:
             _current = None
+            atexit.unregister(_at_exit)
             raise
 
 
