@@ -16,6 +16,17 @@ def human_bytes(n: int | float | None) -> str:
     return f"{value:.2f} PiB"
 
 
+def axis_bytes(n: int | float) -> str:
+    """A round value on a chart's axis in :func:`human_bytes`' units, without its trailing zeros:
+    ``0 B``, ``512 KiB``, ``2.5 MiB``, ``1.25 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+        value /= 1024
+    return f"{value:g} PiB"
+
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
