@@ -49,18 +49,3 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"size must be above zero, not {text!r}")
     return value
-
-
-def short_bytes(n: int | float | None) -> str:
-    """``human_bytes`` in at most 6 cells for narrow tables: ``900.0K``, ``5.79M``, ``12G``."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(value) < 1024 or unit == "T":
-            if unit == "B":
-                return f"{value:.0f}B"
-            digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
-            return f"{value:.{digits}f}{unit}"
-        value /= 1024
-    return f"{value:.0f}P"

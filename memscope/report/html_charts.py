@@ -13,10 +13,10 @@ Nothing here computes what is drawn: the points come from memscope.analysis.run_
 from __future__ import annotations
 
 import html
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from memscope.analysis.axes import byte_ticks, number_ticks
 from memscope.analysis.categories import CategoryTimeline, LeakGrowth
 from memscope.analysis.run_timeline import Mark
 from memscope.analysis.timeline import StepMark
@@ -65,42 +65,6 @@ class Chart:
 
     def y(self, v: float) -> float:
         return self.height - (v / self.y_top * self.height if self.y_top > 0 else 0.0)
-
-
-def nice_step(span: float, ticks: int) -> float:
-    """A round tick spacing (1, 2, 2.5, 5 times a power of ten) giving about ``ticks`` ticks."""
-    raw = span / max(ticks, 1)
-    if raw <= 0 or not math.isfinite(raw):
-        return 1.0
-    mag = 10.0 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * mag >= raw:
-            return float(m * mag)
-    return float(10 * mag)
-
-
-def byte_ticks(v_hi: float, ticks: int = 4) -> tuple[float, list[float]]:
-    """The y axis from 0 (memory is read against zero, a flat line looks flat): its top and tick
-    values, round in the unit of the largest value (KiB, MiB, GiB...)."""
-    if v_hi <= 0:
-        return 1.0, [0.0]
-    unit = 1024 ** min(4, int(math.log(max(v_hi, 1), 1024)))
-    step = nice_step(v_hi / unit, ticks) * unit
-    top = step * (math.floor(v_hi / step) + 1)
-    return top, [i * step for i in range(int(round(top / step)) + 1)]
-
-
-def number_ticks(lo: float, hi: float, ticks: int = 8, integer: bool = False) -> list[float]:
-    step = nice_step(hi - lo, ticks)
-    if integer:
-        step = max(1.0, round(step))
-    first = math.ceil(lo / step - 1e-9) * step
-    out: list[float] = []
-    v = first
-    while v <= hi + 1e-9 and len(out) < 50:
-        out.append(v)
-        v += step
-    return out
 
 
 def render(chart: Chart, aria: str, empty: str | None = None) -> str:
