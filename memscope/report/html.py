@@ -299,25 +299,72 @@ svg.plot .hit:hover{fill:rgba(0,0,0,.07)}
 .hint{color:#555;font-size:13px;overflow-wrap:anywhere}
 code{font-size:12px;background:#f3f3f3;padding:0 3px}
 .insufficient,.growth{color:#a15c00}
-#tip{position:absolute;z-index:9;max-width:min(360px,90vw);padding:6px 8px;background:#263238;color:#fff;
+.tip{position:fixed;z-index:9;max-width:min(360px,90vw);padding:6px 8px;background:#263238;color:#fff;
 font-size:12px;white-space:pre-line;pointer-events:none;border-radius:3px}
 footer{color:#888;font-size:12px;padding:0 16px 16px;overflow-wrap:anywhere}
 @media (max-width:700px){th,td{padding-right:6px}.chart{grid-template-columns:52px minmax(0,1fr)}}
 """
 
 # The tooltips: a column's data-tip, as text (textContent: never markup), kept inside the window.
+# The tip is the script's sibling, so a notebook with several runs drawn has one each.
 SCRIPT = """
-(function(){var tip=document.getElementById("tip");
+(function(){var root=document.currentScript.parentNode,tip=root.querySelector(".tip");
 function hide(){tip.hidden=true}
-document.querySelectorAll("svg.plot").forEach(function(svg){
+root.querySelectorAll("svg.plot").forEach(function(svg){
 svg.addEventListener("mousemove",function(e){var t=e.target.getAttribute("data-tip");
 if(!t){hide();return}tip.textContent=t;tip.hidden=false;
 var x=e.clientX+14,y=e.clientY+14,w=tip.offsetWidth,h=tip.offsetHeight;
 if(x+w>document.documentElement.clientWidth-4)x=Math.max(4,e.clientX-14-w);
 if(y+h>window.innerHeight-4)y=Math.max(4,e.clientY-14-h);
-tip.style.left=(x+window.scrollX)+"px";tip.style.top=(y+window.scrollY)+"px"});
+tip.style.left=x+"px";tip.style.top=y+"px"});
 svg.addEventListener("mouseleave",hide)})})();
 """
+TIP = '<div class="tip" hidden></div>'
+
+
+def scoped(css: str, root: str) -> str:
+    """``css`` with every rule's selectors under ``root`` (a notebook output must not restyle
+    the notebook); ``body`` becomes ``root`` itself."""
+    out = []
+    for rule in css.split("}"):
+        if "{" not in rule:
+            continue
+        head, body = rule.split("{", 1)
+        head = head.strip()
+        if head.startswith("@media"):
+            inner = scoped(body + "}", root)
+            out.append(f"{head}{{{inner}}}")
+            continue
+        sels = [root if sel.strip() == "body" else f"{root} {sel.strip()}" for sel in head.split(",")]
+        out.append(",".join(sels) + "{" + body + "}")
+    return "\n".join(out)
+
+
+def render_fragment(reader: RunReader, summary: RunSummary | None = None) -> str:
+    """The run for a notebook cell (``memscope.load(path)`` shown): the facts, memory over time,
+    by category, each leak's growth; styles scoped to it, the same tooltips."""
+    s = summary if summary is not None else summarize(reader)
+    tl = run_timeline(reader, s, BUCKETS)
+    lines = chart_lines(reader, s, tl)
+    chart, keys = timeline_chart(lines, tl.memory.steps if len(s.processes) <= 1 else [], tl.marks,
+                                 tl.categories if len(s.processes) <= 1 else None)
+    root = ".memscope-run"
+    return "".join([
+        f'<div class="memscope-run"><style>{scoped(CSS, root)}</style>',
+        f"<h2>memscope · {esc(_title(reader, s))} <small>{esc(s.path)}</small></h2>",
+        _facts(s), "<h2>Memory over time</h2>", chart, legend(keys), _categories(tl.categories),
+        _breakdown(s), _leaks(s, tl.leaks),
+        f'<p class="hint">the whole report: <code>{esc(command_hint("report", s.path))} --html OUT.html</code></p>',
+        f"{TIP}<script>{SCRIPT}</script></div>",
+    ])
+
+
+def _title(reader: RunReader, s: RunSummary) -> str:
+    title = " ".join(s.command) or s.path
+    names = [e["message"] for e in reader.events("run_name") if e["message"]]
+    if names:  # named by memscope.profile(name=...) or a framework callback (memscope.integrations)
+        title = f"{names[0]} · {title}"
+    return title
 
 
 def render_html(reader: RunReader, summary: RunSummary | None = None) -> str:
@@ -326,10 +373,7 @@ def render_html(reader: RunReader, summary: RunSummary | None = None) -> str:
     lines = chart_lines(reader, s, tl)
     steps = tl.memory.steps if len(s.processes) <= 1 else []
     chart, keys = timeline_chart(lines, steps, tl.marks, tl.categories if len(s.processes) <= 1 else None)
-    title = " ".join(s.command) or s.path
-    names = [e["message"] for e in reader.events("run_name") if e["message"]]
-    if names:  # named by memscope.profile(name=...) or a framework callback (memscope.integrations)
-        title = f"{names[0]} · {title}"
+    title = _title(reader, s)
     return "".join([
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -346,5 +390,5 @@ def render_html(reader: RunReader, summary: RunSummary | None = None) -> str:
         _hotspots(s), _leaks(s, tl.leaks), _suggestions(suggestions_of(reader, s)), _ranks(s),
         "</main>",
         f"<footer>memscope {esc(__version__)} · {esc(s.path)}</footer>",
-        f'<div id="tip" hidden></div><script>{SCRIPT}</script></body></html>\n',
+        f"{TIP}<script>{SCRIPT}</script></body></html>\n",
     ])

@@ -284,6 +284,11 @@ class Agent:
         if self.running:
             self._tracker.manual_step()
 
+    def __repr__(self) -> str:
+        """What a notebook cell shows for ``memscope.start(...)`` (and ``profile(...) as rec``)."""
+        state = f"recording, step {self.current_step}" if self.running else "stopped"
+        return f"<memscope {state} into {self.db!r}; memscope.load({self.db!r}) reads it>"
+
     # -- the collectors' interface (memscope.agent.collectors.host.CollectorHost) -------------------------
 
     @property
