@@ -39,6 +39,12 @@ def esc(v: Any) -> str:
     return html.escape("-" if v is None else shown_text(v), quote=True)
 
 
+def tip_text(tip: str) -> str:
+    """A tooltip's lines for a ``data-tip`` attribute: each line shown and escaped (a newline in
+    the data stays ``\\n``), joined by newline entities the tooltip keeps (white-space: pre-line)."""
+    return "&#10;".join(esc(line) for line in tip.split("\n"))
+
+
 def part_color(key: str) -> str:
     if key.startswith("leak:"):
         return LEAK_COLORS[int(key[5:]) % len(LEAK_COLORS)]
@@ -81,7 +87,7 @@ def render(chart: Chart, aria: str, empty: str | None = None) -> str:
     grid = "".join(f'<line class="grid" x1="0" x2="{VIEW_W}" y1="{chart.y(v):.2f}" y2="{chart.y(v):.2f}"/>'
                    for v in byte_ticks(chart.y_top)[1])
     hits = "".join(f'<rect class="hit" x="{x0:.2f}" y="0" width="{max(x1 - x0, 0.5):.2f}" height="{h}" '
-                   f'data-tip="{esc(tip)}"/>' for x0, x1, tip in chart.hits)
+                   f'data-tip="{tip_text(tip)}"/>' for x0, x1, tip in chart.hits)
     flags = "".join(f'<span class="flag{" end" if chart.x(x) > 0.8 * VIEW_W else ""}" '
                     f'style="left:{chart.x(x) / VIEW_W * 100:.2f}%;color:{color}">{esc(label)}</span>'
                     for x, label, color in chart.flags)  # near the right edge: to the left of its line
