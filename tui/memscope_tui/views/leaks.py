@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Callable
 
 from rich.text import Text
@@ -81,7 +82,8 @@ def verdict_text(summary: RunSummary, inventoried: int,
         rest = len(summary.leaks) - i - 1
         if height(line) + (1 if rest else 0) > room:
             left = len(summary.leaks) - i
-            leaks.append(Text(f"+{left} more leak{'s' if left > 1 else ''}: memscope leaks RUN.db lists all",
+            leaks.append(Text(f"+{left} more leak{'s' if left > 1 else ''}: "
+                              f"memscope leaks {shown(shlex.quote(summary.path))} lists all",
                               style="bold red"))
             break
         leaks.append(line)
