@@ -39,7 +39,8 @@ CELLS = [
     'run = memscope.load("nb.db")\nrun',
     'again = memscope.load()\nprint(again.path, again.name, len(run.leaks()), run.report()["run"]["steps"])',
     'a = memscope.start("a.db")\nb = memscope.start("b.db")\nprint(a is b, a.db)\nmemscope.stop()',
-    'd = memscope.start()\nmemscope.stop()\nprint(os.path.basename(d.db), memscope.load(d.db).name, memscope.load(d.db).report()["run"]["command"])',
+    'd = memscope.start()\nmemscope.stop()\nr = memscope.load(d.db)\n'
+    'print(os.path.basename(d.db), r.name, r.report()["run"]["command"])',
     'memscope.load("missing.db")',
 ]
 

@@ -9,7 +9,6 @@ machine. Update after an intended change: ``pytest tests/tui/test_plot_snapshots
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -149,7 +149,7 @@ def render_figure(fig: Figure | None, width: int, height: int) -> Text:
         _draw_curve(canvas, curve, col, level)
 
     lines = [_legend(fig, width)]
-    tick_rows = {}
+    tick_rows: dict[int, str] = {}
     for v, s in zip(ticks, labels):
         row = plot_h - 1 - min(int(level(v)), plot_h - 1) if v < top else 0
         if v == 0:

@@ -104,7 +104,7 @@ def in_kernel() -> str | None:
     where = os.environ.get("JPY_SESSION_NAME") or ""
     if not where:
         try:
-            shell = sys.modules["IPython"].get_ipython()  # type: ignore[attr-defined]
+            shell = sys.modules["IPython"].get_ipython()
             where = str(shell.user_ns.get("__vsc_ipynb_file__") or "")
         except Exception:
             where = ""
