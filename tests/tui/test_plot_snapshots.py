@@ -115,9 +115,11 @@ async def test_healthy_run_plots(size: tuple[int, int]) -> None:
     assert any(n.startswith("a CPU run: host RSS is the only memory metric") for n in notes), notes
 
 
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("run, key", [("leaky", "1"), ("leaky", "3"), ("leaky", "4"), ("healthy", "1"),
-                                      ("healthy", "4")])
+# the leaky run's views at 80x24 are tests/test_snapshots.py's already
+SCREENS = [("leaky", key, (160, 48)) for key in "134"] + [("healthy", key, size) for key in "14" for size in SIZES]
+
+
+@pytest.mark.parametrize("run, key, size", SCREENS)
 def test_plot_screens(snap_compare: Any, run: str, key: str, size: tuple[int, int]) -> None:
     app = MemscopeApp(str(DATA / f"{run}.sqlite"), now=frozen_clock)
     assert snap_compare(app, press=[key], terminal_size=size, run_before=loaded())
