@@ -56,7 +56,7 @@ def styles_of(line: Text, glyphs: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
 async def test_leaky_run_plots(size: tuple[int, int]) -> None:
     db = DATA / "leaky.sqlite"
     with RunReader(db) as reader:
@@ -93,7 +93,7 @@ async def test_leaky_run_plots(size: tuple[int, int]) -> None:
     assert tl.categories.stack[-1] == "leak:0"
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "160x48"])
 async def test_healthy_run_plots(size: tuple[int, int]) -> None:
     app = MemscopeApp(str(DATA / "healthy.sqlite"), now=frozen_clock)
     async with app.run_test(size=size) as pilot:
@@ -119,7 +119,7 @@ async def test_healthy_run_plots(size: tuple[int, int]) -> None:
 SCREENS = [("leaky", key, (160, 48)) for key in "134"] + [("healthy", key, size) for key in "14" for size in SIZES]
 
 
-@pytest.mark.parametrize("run, key, size", SCREENS)
+@pytest.mark.parametrize("run, key, size", SCREENS, ids=[f"{r}-{k}-{w}x{h}" for r, k, (w, h) in SCREENS])
 def test_plot_screens(snap_compare: Any, run: str, key: str, size: tuple[int, int]) -> None:
     app = MemscopeApp(str(DATA / f"{run}.sqlite"), now=frozen_clock)
     assert snap_compare(app, press=[key], terminal_size=size, run_before=loaded())
