@@ -80,7 +80,7 @@ class HelpScreen(ModalScreen[None]):
             yield Static(
                 quit_line +
                 "r        refresh now\n"
-                "m        next memory metric (CUDA allocated/reserved/peak, RSS, NVML)\n"
+                "m        next memory metric in front (CUDA allocated/reserved/peak, NVML)\n"
                 "/        filter the tables (⏎ keeps the filter, escape clears it)\n"
                 "?        this help\n"
                 "1-7      switch view (or a click on its tab):\n"
@@ -99,8 +99,9 @@ class HelpScreen(ModalScreen[None]):
                 "shift+← shift+→ shift+^← shift+^→ shift+home shift+end shift+^a  select\n"
                 "⌫ del ^w ^d ^u ^k alt+⌫ ^⌫ super+⌫  delete (a word, to the start/end)\n"
                 "^x ^v super+c                       cut, paste, copy\n\n"
-                "The timeline shows each time bucket's maximum; ticks under it mark step\n"
-                f"ends. A run still being written refreshes every {POLL_S:g} s.",
+                "Plots start at 0 B. The timeline: each time bucket's maximum, the tensors\n"
+                "the inventories counted, the peak step, OOMs, attach and detach; ticks\n"
+                f"under it mark step ends. A live run refreshes every {POLL_S:g} s.",
                 id="help-body", markup=True,
             )
 
