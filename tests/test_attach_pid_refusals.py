@@ -192,3 +192,25 @@ def test_pending_call_guards(tmp_path: Path) -> None:
     assert rows and "no-such-boot.py" in rows[0][0]
     neutral = "#" + line.decode()[1:]
     exec(neutral, {})  # noqa: S102 - a comment: runs nothing, raises nothing
+
+
+def test_another_memscope_in_the_target_is_refused(tmp_path: Path) -> None:
+    """The bootstrap as the injected thread runs it, in a process that imported another memscope
+    (another version, from another place): it refuses in one line, before importing anything."""
+    from memscope.node.bootstrap_text import BOOT_FILE, ROOT as HERE
+
+    other = tmp_path / "site" / "memscope"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    db = tmp_path / "v.db"
+    create_run(str(db), ["python", "x.py"])
+    st = os.stat(db)
+    args = {"db": str(db), "db_id": [st.st_dev, st.st_ino], "root": HERE, "version": "0.1.0"}
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import memscope; "
+            "exec(compile(open(sys.argv[2]).read(), sys.argv[2], 'exec'), {'ARGS': json.loads(sys.argv[3])})")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site"), BOOT_FILE, json.dumps(args)],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == (f"RuntimeError: this process already imported memscope 0.0.1 from {tmp_path / 'site'}; "
+                    f"the command is memscope 0.1.0 from {HERE}: attach with that one"), out.stderr
