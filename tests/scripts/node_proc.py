@@ -1,0 +1,60 @@
+"""A process for the node tests (memscope top / memscope daemon), started with plain ``python``.
+
+``--mode leak``: trains a small model at one step every ``--period`` seconds of wall time (a step
+that falls behind, the machine busy, is caught up at once, so memory grows steadily in time),
+keeping one 64 KiB tensor a step in ``kept``. ``healthy``: the same training, keeping nothing.
+``idle``: imports torch and sleeps. ``plain``: Python without torch, sleeping. Prints ``ready``
+after its warm-up (30 steps when training), then runs until killed or ``--seconds`` pass.
+``--tag`` is only there to be seen in the command line (a test's daemon watches only its own).
+"""
+
+import argparse
+import sys
+import time
+
+kept: list = []
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=("leak", "healthy", "idle", "plain"), required=True)
+    p.add_argument("--period", type=float, default=0.05)
+    p.add_argument("--seconds", type=float, default=300.0)
+    p.add_argument("--tag", default="")
+    a = p.parse_args()
+    end = time.monotonic() + a.seconds
+    if a.mode == "plain":
+        print("ready", flush=True)
+        while time.monotonic() < end:
+            time.sleep(0.2)
+        return
+    import torch
+
+    if a.mode == "idle":
+        print("ready", flush=True)
+        while time.monotonic() < end:
+            time.sleep(0.2)
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = time.monotonic()
+    step = 0
+    while time.monotonic() < end:
+        x = torch.randn(32, 64)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if a.mode == "leak":
+            kept.append(torch.randn(256, 64))  # the leak: 64 KiB a step
+        step += 1
+        if step == 30:
+            print("ready", flush=True)
+        wait = start + step * a.period - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
