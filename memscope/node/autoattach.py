@@ -67,13 +67,19 @@ def may_touch(uid: int) -> str | None:
             "(run the daemon as root to attach to every user's processes)")
 
 
-def start(pid: int, started: float, proc_id: int | None, directory: str, steps: int) -> Attach:
+def run_file_name(directory: str, pid: int) -> str:
+    """``DIR/memscope-attach-<pid>-<YYYYmmdd-HHMMSS>.db``, a free name (attach creates it exclusively)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_file = os.path.join(directory, f"memscope-attach-{pid}-{stamp}.db")
     n = 1
     while os.path.lexists(run_file):
         n += 1
         run_file = os.path.join(directory, f"memscope-attach-{pid}-{stamp}-{n}.db")
+    return run_file
+
+
+def start(pid: int, started: float, proc_id: int | None, directory: str, steps: int) -> Attach:
+    run_file = run_file_name(directory, pid)
     command = [sys.executable, "-m", "memscope", "attach", "--pid", str(pid), "--headless", "--db", run_file,
                "--max-steps", str(steps), "--duration", f"{MAX_S:g}"]
     popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

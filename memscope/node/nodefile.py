@@ -156,9 +156,7 @@ def open_for_writing(path: str) -> tuple[sqlite3.Connection, int, bool]:
         raise RunFileError(f"{path}: another memscope daemon writes it{_owner(path)}; give another --db") from None
     try:
         conn = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        if new:
+        if new:  # before WAL mode: the header (the application id) is then in the file itself at once
             with conn:
                 conn.execute("BEGIN IMMEDIATE")
                 for statement in _SCHEMA.split(";"):
@@ -166,7 +164,9 @@ def open_for_writing(path: str) -> tuple[sqlite3.Connection, int, bool]:
                         conn.execute(statement)
                 conn.execute(f"PRAGMA application_id = {NODE_APPLICATION_ID}")
                 conn.execute(f"PRAGMA user_version = {NODE_SCHEMA_VERSION}")
-        else:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        if not new:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             if version > NODE_SCHEMA_VERSION:
                 raise RunFileError(f"{path}: written by a newer memscope (node schema {version}); upgrade "

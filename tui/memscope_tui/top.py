@@ -30,6 +30,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Footer, Static
 
 from memscope.display import shown
+from memscope.node.autoattach import run_file_name
 from memscope.node.monitor import Monitor, ProcessRow, Snapshot
 from memscope.node.procs import alive
 from memscope.node.target import open_run_files
@@ -142,9 +143,11 @@ class TopApp(App[int]):
             self.pid = pid
             self.run_file = run_file
 
-    def __init__(self, source: LiveSource | FileSource, interval: float = 1.0) -> None:
+    def __init__(self, source: LiveSource | FileSource, interval: float = 1.0, attach_dir: str = ".") -> None:
+        """``attach_dir``: where Enter's attaches write their run files."""
         super().__init__()
         self.source = source
+        self.attach_dir = attach_dir
         self.interval = interval
         self.snapshot: Snapshot | None = None
         self.sort_index = 0
@@ -304,12 +307,15 @@ class TopApp(App[int]):
         self._start_attach(row.pid)
 
     def _start_attach(self, pid: int) -> None:
-        popen = subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--pid", str(pid), "--headless"],
+        db = run_file_name(self.attach_dir, pid)
+        popen = subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--pid", str(pid), "--headless",
+                                  "--db", db],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                  text=True, start_new_session=True)
         att = self.attaching[pid] = _Attaching(pid, popen)
         threading.Thread(target=self._drain, args=(att,), daemon=True, name="memscope-top-attach").start()
-        self._say(f"attaching to pid {pid} (memscope attach --pid {pid}); its dashboard opens once it records")
+        self._say(f"attaching to pid {pid} (memscope attach --pid {pid} --db {db}); its dashboard opens once "
+                  "it records")
         self._wait_recorded(att)
 
     @staticmethod
