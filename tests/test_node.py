@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, SCRIPTS, cli, report_json
+from memscope.node.nodereader import NodeReader
 
 PROC = SCRIPTS / "node_proc.py"
 WINDOW = 10
@@ -152,7 +153,8 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tag = f"nodetest-{os.getpid()}-{tmp.name}"
     out: dict[str, Any] = {"tmp": tmp, "tag": tag, "db": tmp / "node.db"}
     procs = {"leak": Proc("leak", tag), "healthy": Proc("healthy", tag),
-             "idle": Proc("idle", tag, user=NOBODY if _as_root() else None), "plain": Proc("plain", tag)}
+             "idle": Proc("idle", tag, user=NOBODY if _as_root() else None), "plain": Proc("plain", tag),
+             "mapper": Proc("mapper", tag)}
     out["procs"] = procs
     try:
         for p in procs.values():
@@ -163,18 +165,28 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         daemon = Daemon("--db", str(out["db"]), "--interval", "0.25", "--window", str(WINDOW),
                         "--prometheus", "127.0.0.1:0")
-        other = None
-        if _as_root():
-            other = subprocess.Popen([shutil.which("setpriv") or "setpriv", f"--reuid={OTHER}", f"--regid={OTHER}",
-                                      "--clear-groups", sys.executable, "-m", "memscope", "top", "--once", "--json",
-                                      "--window", "1"], cwd=tmp, env={**os.environ, "HOME": str(tmp)},
+        other = other_daemon = None
+        if _as_root():  # another user: a top, and a daemon that would attach to what grows
+            shared = Path("/tmp") / f"memscope-node-{OTHER}-{os.getpid()}"  # pytest's base is root's alone
+            shared.mkdir(mode=0o777)
+            shared.chmod(0o777)
+            out["shared"] = shared
+            as_other = [shutil.which("setpriv") or "setpriv", f"--reuid={OTHER}", f"--regid={OTHER}",
+                        "--clear-groups", sys.executable, "-m", "memscope"]
+            env = {**os.environ, "HOME": str(shared)}
+            other = subprocess.Popen([*as_other, "top", "--once", "--json", "--window", "1"], cwd=shared, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            other_daemon = subprocess.Popen([*as_other, "daemon", "--db", str(shared / "other.db"), "--interval",
+                                             "0.25", "--window", "2", "--auto-attach"], cwd=shared, env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out["address"] = daemon.wait_line(r"Prometheus metrics on http://(\S+)/metrics").group(1)
         daemon.wait_line(r"watching the torch processes")
         refusals = _refusals(tmp, out["db"])
         out["refusals"] = {name: (p.wait(timeout=60), *p.communicate()) for name, p in refusals.items()}
-        if other is not None:
+        if other is not None and other_daemon is not None:
             out["other"] = (other.wait(timeout=60), *other.communicate())
+            other_daemon.send_signal(signal.SIGTERM)
+            out["other_daemon"] = (other_daemon.wait(timeout=60), *other_daemon.communicate())
         top_out, top_err = top.communicate(timeout=120)
         assert top.returncode == 0, top_err
         out["top"] = json.loads(top_out)
@@ -192,13 +204,15 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
             again.stop()
         for p in procs.values():
             p.stop()
+        if "shared" in out:
+            shutil.rmtree(out["shared"], ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def daemon_two(node_set: dict[str, Any]) -> tuple[int, list[str]]:
     """The auto-attaching daemon's exit status and lines, once its attach to the leak is done."""
     again = node_set["again"]
-    until = time.monotonic() + 180
+    until = time.monotonic() + 120
     while not _events(node_set["db"], "attach_done"):
         assert time.monotonic() < until and again.popen.poll() is None, again.lines
         time.sleep(0.2)
@@ -232,7 +246,7 @@ async def test_top_view_rows_and_sorting(node_set: dict[str, Any]) -> None:
         # (the leak's verdict is top --once's test: the daemon beside this one may be attaching to it)
         await _until(pilot, lambda: mine <= set(app.rows) and app.samples >= 4, 30, "the set in the live view")
         table = app.query_one("#top-table", DataTable)
-        assert str(pids["plain"]) not in app.rows
+        assert str(pids["plain"]) not in app.rows and str(pids["mapper"]) not in app.rows
 
         def order() -> list[str]:
             return [str(table.coordinate_to_cell_key((i, 0)).row_key.value) for i in range(table.row_count)]
@@ -306,7 +320,9 @@ def test_top_once_lists_the_torch_processes_and_only_the_leak_grows(node_set: di
     doc, pids = node_set["top"], node_set["pids"]
     assert doc["schema"] == "memscope.top/1"
     mine = _mine(doc, pids)
-    assert sorted(mine) == ["healthy", "idle", "leak"]  # the Python process without torch is absent
+    # absent: the Python process without torch, and the one that maps libtorch's file without running
+    # it (what a debugger reading its symbols does)
+    assert sorted(mine) == ["healthy", "idle", "leak"]
     assert {name for name, p in mine.items() if p["growing"]} == {"leak"}
     for name, p in mine.items():
         assert set(p) >= {"pid", "user", "command", "host_rss_bytes", "gpu_bytes", "growth_bytes_per_s",
@@ -344,6 +360,13 @@ def test_another_users_process(node_set: dict[str, Any]) -> None:
                            "(root sees whether it has torch)")
     assert pids["leak"] in unreadable  # root's, to 65533: another user's too
     assert pids["plain"] in unreadable  # it looks like Python: whether it has torch cannot be told
+    # a daemon run by that user touches none of them, and says why
+    rc, _out, err = node_set["other_daemon"]
+    assert rc == 0, err
+    assert "; not root: other users' processes are not touched" in err
+    with NodeReader(node_set["shared"] / "other.db") as reader:
+        assert not {p["pid"] for p in reader.processes()} & set(pids.values())
+        assert not reader.events("attach_started")
 
 
 def test_refusals_are_one_line(node_set: dict[str, Any]) -> None:
@@ -384,7 +407,7 @@ def test_node_file_is_made_safely_and_continued(node_set: dict[str, Any], daemon
     finally:
         conn.close()
     pids = node_set["pids"]
-    assert pids["plain"] not in rows
+    assert pids["plain"] not in rows and pids["mapper"] not in rows
     for name in ("leak", "healthy", "idle"):
         assert rows[pids[name]][0] >= 2 * 16, name  # both daemons' samples, on one process row each
 
@@ -404,7 +427,7 @@ def test_node_report(node_set: dict[str, Any], daemon_two: Any) -> None:
     assert flagged["metric"] == "host_rss" and flagged["bytes_per_s"] > 256 << 10
     assert flagged["since"] <= flagged["flagged"]
     attach = mine["leak"]["attaches"][0]
-    line = next(i for i, t in enumerate(PROC.read_text().splitlines(), 1) if "kept.append(" in t)
+    line = next(i for i, t in enumerate(PROC.read_text().splitlines(), 1) if "kept.append(torch.randn" in t)
     assert attach["exit_code"] == 0 and attach["leak_verdict"] == "leak", attach
     assert attach["held_by"] == "__main__.kept" and attach["site"].endswith(f"tests/scripts/node_proc.py:{line}")
     assert abs(attach["bytes_per_step"] - 64 * 1024) <= 0.05 * 64 * 1024
@@ -430,6 +453,11 @@ def test_auto_attach_leaves_a_run_file_with_the_leaks_holder(node_set: dict[str,
     assert any(f"leak suspect: pid {node_set['pids']['leak']} " in ln for ln in lines), lines
     assert any(f"pid {node_set['pids']['leak']}: leak +64.00 KiB/step held by __main__.kept" in ln for ln in lines)
     assert node_set["procs"]["leak"].popen.poll() is None  # detached: the training goes on
+    # the debugger stopping the process while it injects is not the end of the leak
+    started = _events(node_set["db"], "attach_started")[0]["t"]
+    ended = _events(node_set["db"], "attach_done")[0]["t"]
+    assert not [e for e in _events(node_set["db"], "suspect_cleared")
+                if started <= e["t"] <= ended and e["data"]["pid"] == node_set["pids"]["leak"]]
 
 
 def test_prometheus_metrics(node_set: dict[str, Any]) -> None:

@@ -57,6 +57,7 @@ class Daemon:
         self._flagged: dict[tuple[int, float], ProcessRow] = {}
         self._tried: set[tuple[int, float]] = set()
         self._attach: autoattach.Attach | None = None
+        self._held: dict[int, float] = {}  # pid -> until when an attach's pause is in the window
         self.samples = 0
 
     def run(self, stop: threading.Event) -> None:
@@ -132,7 +133,12 @@ class Daemon:
     # -- auto-attach ---------------------------------------------------------------------------
 
     def _attaching(self, pid: int) -> bool:
-        return self._attach is not None and self._attach.pid == pid and self._attach.popen.poll() is None
+        """Whether an attach of the daemon's own paused ``pid`` within the window: the debugger
+        stops the process while it injects, and the window that holds that pause says nothing
+        of the leak."""
+        if self._attach is not None and self._attach.pid == pid:
+            return True
+        return time.monotonic() < self._held.get(pid, 0.0)
 
     def _auto_attach(self, snap: Snapshot, writer: NodeWriter) -> None:
         if self._attach is not None:
@@ -165,6 +171,7 @@ class Daemon:
         if attach is None:
             return
         self._attach = None
+        self._held[attach.pid] = time.monotonic() + self.options.window
         data = attach.result()
         if data.get("exit_code") == 0 and data.get("leak_verdict"):
             words = data.get("words", "")

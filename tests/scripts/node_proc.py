@@ -3,7 +3,9 @@
 ``--mode leak``: trains a small model at one step every ``--period`` seconds of wall time (a step
 that falls behind, the machine busy, is caught up at once, so memory grows steadily in time),
 keeping one 64 KiB tensor a step in ``kept``. ``healthy``: the same training, keeping nothing.
-``idle``: imports torch and sleeps. ``plain``: Python without torch, sleeping. Prints ``ready``
+``idle``: imports torch and sleeps. ``plain``: Python without torch, sleeping. ``mapper``: Python
+without torch that maps libtorch's file to read it, as a debugger reading its symbols does (gdb or
+lldb attaching to a training), never to run it. Prints ``ready``
 after its warm-up (30 steps when training), then runs until killed or ``--seconds`` pass.
 ``--tag`` is only there to be seen in the command line (a test's daemon watches only its own).
 """
@@ -17,13 +19,22 @@ kept: list = []
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=("leak", "healthy", "idle", "plain"), required=True)
+    p.add_argument("--mode", choices=("leak", "healthy", "idle", "plain", "mapper"), required=True)
     p.add_argument("--period", type=float, default=0.05)
     p.add_argument("--seconds", type=float, default=300.0)
     p.add_argument("--tag", default="")
     a = p.parse_args()
     end = time.monotonic() + a.seconds
-    if a.mode == "plain":
+    if a.mode in ("plain", "mapper"):
+        if a.mode == "mapper":
+            import importlib.util
+            import mmap
+            import os
+
+            spec = importlib.util.find_spec("torch")
+            lib = os.path.join(os.path.dirname(spec.origin), "lib", "libtorch_cpu.so")
+            with open(lib, "rb") as f:
+                kept.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))  # rw-p, as lldb maps it
         print("ready", flush=True)
         while time.monotonic() < end:
             time.sleep(0.2)
