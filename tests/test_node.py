@@ -176,19 +176,24 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
             env = {**os.environ, "HOME": str(shared)}
             other = subprocess.Popen([*as_other, "top", "--once", "--json", "--window", "1"], cwd=shared, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            other_daemon = subprocess.Popen([*as_other, "daemon", "--db", str(shared / "other.db"), "--interval",
-                                             "0.25", "--window", "2", "--auto-attach"], cwd=shared, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # the daemon with CAP_SYS_PTRACE (as a DaemonSet's container may have): it reads every
+            # process's memory map, and still touches no other user's
+            capable = [as_other[0], "--inh-caps=+sys_ptrace", "--ambient-caps=+sys_ptrace", *as_other[1:]]
+            other_daemon = subprocess.Popen([*capable, "daemon", "--db", str(shared / "other.db"), "--interval",
+                                             "0.2", "--window", "4", "--auto-attach", "--match", re.escape(tag)],
+                                            cwd=shared, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True)
         out["address"] = daemon.wait_line(r"Prometheus metrics on http://(\S+)/metrics").group(1)
         daemon.wait_line(r"watching the torch processes")
         refusals = _refusals(tmp, out["db"])
         out["refusals"] = {name: (p.wait(timeout=60), *p.communicate()) for name, p in refusals.items()}
-        if other is not None and other_daemon is not None:
+        if other is not None:
             out["other"] = (other.wait(timeout=60), *other.communicate())
-            other_daemon.send_signal(signal.SIGTERM)
-            out["other_daemon"] = (other_daemon.wait(timeout=60), *other_daemon.communicate())
         top_out, top_err = top.communicate(timeout=120)
         assert top.returncode == 0, top_err
+        if other_daemon is not None:  # it ran the whole window too
+            other_daemon.send_signal(signal.SIGTERM)
+            out["other_daemon"] = (other_daemon.wait(timeout=60), *other_daemon.communicate())
         out["top"] = json.loads(top_out)
         out["metrics"] = _scrape(out["address"])
         out["daemon1"] = (daemon.stop(), daemon.lines)
@@ -344,7 +349,8 @@ def test_top_once_lists_the_torch_processes_and_only_the_leak_grows(node_set: di
 
 def test_another_users_process(node_set: dict[str, Any]) -> None:
     """nobody's idle torch process: root lists it as nobody's; a top running as another non-root
-    user (uid 65533) cannot read its memory map and says so, listing none of the set."""
+    user (uid 65533) cannot read its memory map and says so, listing none of the set; a daemon as
+    that user, with CAP_SYS_PTRACE, reads them all and attaches to none (the leak: skipped, why)."""
     if not _as_root():
         pytest.skip("needs root to run a second user (setpriv); the suite runs as root in CI")
     pids = node_set["pids"]
@@ -360,13 +366,18 @@ def test_another_users_process(node_set: dict[str, Any]) -> None:
                            "(root sees whether it has torch)")
     assert pids["leak"] in unreadable  # root's, to 65533: another user's too
     assert pids["plain"] in unreadable  # it looks like Python: whether it has torch cannot be told
-    # a daemon run by that user touches none of them, and says why
+    # a daemon run by that user with CAP_SYS_PTRACE sees them all, flags the leak, touches nothing
     rc, _out, err = node_set["other_daemon"]
     assert rc == 0, err
     assert "; not root: other users' processes are not touched" in err
     with NodeReader(node_set["shared"] / "other.db") as reader:
-        assert not {p["pid"] for p in reader.processes()} & set(pids.values())
+        assert {p["pid"] for p in reader.processes()} == {pids[n] for n in ("leak", "healthy", "idle")}
         assert not reader.events("attach_started")
+        skipped = reader.events("attach_skipped")
+    assert [e["data"]["pid"] for e in skipped] == [pids["leak"]], err
+    assert skipped[0]["data"]["why"] == ("it belongs to user root and memscope runs as 65533: not touched (run "
+                                         "the daemon as root to attach to every user's processes)")
+    assert f"memscope: not attaching to pid {pids['leak']}: it belongs to user root" in err
 
 
 def test_refusals_are_one_line(node_set: dict[str, Any]) -> None:
