@@ -53,8 +53,8 @@ def _as_root() -> bool:
 class Proc:
     """A process of the set, its stdout read line by line."""
 
-    def __init__(self, mode: str, tag: str, user: int | None = None) -> None:
-        cmd = [sys.executable, str(PROC), "--mode", mode, "--tag", tag, "--seconds", "400"]
+    def __init__(self, mode: str, tag: str, user: int | None = None, *extra: str) -> None:
+        cmd = [sys.executable, str(PROC), "--mode", mode, "--tag", tag, "--seconds", "400", *extra]
         if user is not None:
             setpriv = shutil.which("setpriv")
             assert setpriv, "setpriv (util-linux) is needed for the second-user tests"
@@ -143,7 +143,8 @@ def _refusals(tmp: Path, node_db: Path) -> dict[str, subprocess.Popen[str]]:
             "steps": start("daemon", "--db", str(tmp / "y.db"), "--attach-steps", "5"),
             "json": start("top", "--json"),
             "tty": start("top"),
-            "twice": start("daemon", "--db", str(node_db))}
+            "twice": start("daemon", "--db", str(node_db)),
+            "text": start("top", "--once", "--window", "1")}
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +153,9 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
     os.chmod(tmp, 0o755)  # the non-root top runs there
     tag = f"nodetest-{os.getpid()}-{tmp.name}"
     out: dict[str, Any] = {"tmp": tmp, "tag": tag, "db": tmp / "node.db"}
-    procs = {"leak": Proc("leak", tag), "healthy": Proc("healthy", tag),
+    # the healthy one holds a named pipe open with no writer: whoever opened it to read its header
+    # would wait forever (only regular files are looked into)
+    procs = {"leak": Proc("leak", tag), "healthy": Proc("healthy", tag, None, "--fifo", str(tmp / "fifo")),
              "idle": Proc("idle", tag, user=NOBODY if _as_root() else None), "plain": Proc("plain", tag),
              "mapper": Proc("mapper", tag)}
     out["procs"] = procs
@@ -302,8 +305,10 @@ async def test_top_view_enter_attaches_and_d_detaches(node_set: dict[str, Any]) 
         run_file = app.dashboards[0]
         assert app.said[-1] == f"cannot open the dashboard here (SuspendNotSupported): memscope tui {run_file}"
         assert f"recording pid {pid} into {run_file}" in app.said
-        await _until(pilot, lambda: app.rows.get(str(pid)) is not None and app.rows[str(pid)].run_file == run_file,
-                     10, "the row recorded")
+        await _until(pilot, lambda: app.rows.get(str(pid)) is not None and app.rows[str(pid)].run_file == run_file
+                     and app.rows[str(pid)].recorded is not None, 10, "the row recorded")
+        recorded = str(table.get_cell(str(pid), "recorded"))  # its run file's own verdict (or none yet)
+        assert app.rows[str(pid)].recorded.words[:16] in recorded, recorded
         table.move_cursor(row=table.get_row_index(str(pid)))
         await pilot.press("d")
         await _until(pilot, lambda: any("detached from pid" in s for s in app.said), 90, f"a detach: {app.said}")
@@ -390,6 +395,12 @@ def test_refusals_are_one_line(node_set: dict[str, Any]) -> None:
         "tty": "top: the live view needs a terminal; use --once (and --json) in scripts",
         "twice": "node.db: another memscope daemon writes it (pid ",
     }
+    rc, out, err = node_set["refusals"]["text"]  # (not a refusal: top --once as text, run beside them)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert re.match(r"\d+ torch process(es)? on \S+; growth over 1 s", lines[0]) and "PID" in lines[1]
+    leak = next(ln for ln in lines if ln.split()[:1] == [str(node_set["pids"]["leak"])])
+    assert "--mode leak" in leak and not any(ln.split()[:1] == [str(node_set["pids"]["plain"])] for ln in lines)
     for name, needle in expected.items():
         rc, err = said[name]
         assert rc == 2 and err.count("\n") == 1 and err.startswith("memscope: error: ") and needle in err, (name, err)

@@ -85,7 +85,7 @@ def render_table(snap: Snapshot) -> str:
             rec = p.recorded.words if p.recorded is not None else "yes"
         flag = "  growing" if p.growing else ""
         lines.append(f"  {p.pid:>7}  {shown(p.user, 8):<8} {human_bytes(p.host_rss_bytes):>10} {growth:>12} "
-                     f"{gpu:>10}  {shown(rec, 24):<24} {shown(p.command, 70)}{flag}")
+                     f"{gpu:>10}  {shown(rec, 24):<24} {shown(p.command, 200)}{flag}")
     for u in snap.unreadable:
         lines.append(f"  {u.pid:>7}  {shown(u.user, 8):<8} {shown(u.command, 50)}: {u.why}")
     return "\n".join(lines)

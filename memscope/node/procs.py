@@ -64,6 +64,7 @@ class Discovery:
     rescan_s: float = RESCAN_S
     _known: dict[tuple[int, int], _Known] = field(default_factory=dict)
     _boot: float | None = None
+    _fds: dict[tuple[int, int, int, int], bool] = field(default_factory=dict)  # open_run_files' memory
 
     def scan(self, now: float | None = None) -> tuple[list[Found], list[Unreadable]]:
         """The torch processes now (their run files read afresh), and the unreadable ones."""
@@ -89,7 +90,7 @@ class Discovery:
                     continue
                 self._known[key] = known
             if known.torch and known.found is not None:
-                known.found.run_file = _run_file(pid)
+                known.found.run_file = self._run_file(pid)
                 found.append(known.found)
         for key in [k for k in self._known if k not in alive]:
             del self._known[key]  # ended: its pid may come back as another process
@@ -118,6 +119,12 @@ class Discovery:
             return _Known(False, now), None
         started = self._boot_time() + ticks / os.sysconf("SC_CLK_TCK")
         return _Known(True, now, Found(pid, started, uid, user_name(uid), shown_argv(argv))), None
+
+    def _run_file(self, pid: int) -> str | None:
+        if len(self._fds) > 65536:  # files opened and closed over days: start again
+            self._fds.clear()
+        files = open_run_files(pid, self._fds)
+        return files[0] if files else None
 
     def _boot_time(self) -> float:
         if self._boot is None:
@@ -156,9 +163,6 @@ def _argv(pid: int) -> list[str]:
         return [a for a in f.read().decode("utf-8", "replace").split("\0") if a]
 
 
-def _run_file(pid: int) -> str | None:
-    files = open_run_files(pid)
-    return files[0] if files else None
 
 
 def alive(pid: int, started: float) -> bool:

@@ -8,6 +8,8 @@ without torch that maps libtorch's file to read it, as a debugger reading its sy
 lldb attaching to a training), never to run it. Prints ``ready``
 after its warm-up (30 steps when training), then runs until killed or ``--seconds`` pass.
 ``--tag`` is only there to be seen in the command line (a test's daemon watches only its own).
+``--fifo PATH``: make a named pipe there and hold it open for reading with no writer (a tool
+that opened it to look inside would wait forever).
 """
 
 import argparse
@@ -23,7 +25,13 @@ def main() -> None:
     p.add_argument("--period", type=float, default=0.05)
     p.add_argument("--seconds", type=float, default=300.0)
     p.add_argument("--tag", default="")
+    p.add_argument("--fifo", default=None)
     a = p.parse_args()
+    if a.fifo:
+        import os
+
+        os.mkfifo(a.fifo, 0o600)
+        kept.append(os.open(a.fifo, os.O_RDONLY | os.O_NONBLOCK))
     end = time.monotonic() + a.seconds
     if a.mode in ("plain", "mapper"):
         if a.mode == "mapper":

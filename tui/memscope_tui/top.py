@@ -26,6 +26,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Static
 
@@ -200,7 +201,10 @@ class TopApp(App[int]):
             return
         self.snapshot = message.snapshot
         self.samples += 1
-        self._draw()
+        try:
+            self._draw()
+        except NoMatches:  # a sample that arrived while the view was closing: nothing to draw on
+            pass
 
     # -- drawing -------------------------------------------------------------------------------
 
@@ -256,7 +260,10 @@ class TopApp(App[int]):
         detail.update(Text("\n".join(words)))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self._detail()
+        try:
+            self._detail()
+        except NoMatches:
+            pass
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         for i, (_label, _key, col) in enumerate(SORTS):
