@@ -159,6 +159,7 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
              "idle": Proc("idle", tag, user=NOBODY if _as_root() else None), "plain": Proc("plain", tag),
              "mapper": Proc("mapper", tag)}
     out["procs"] = procs
+    started: list[subprocess.Popen[str]] = []  # every command the fixture runs: none outlives it
     try:
         for p in procs.values():
             p.wait_ready()
@@ -168,6 +169,7 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         daemon = Daemon("--db", str(out["db"]), "--interval", "0.25", "--window", str(WINDOW),
                         "--prometheus", "127.0.0.1:0")
+        started += [top, daemon.popen]
         other = other_daemon = None
         if _as_root():  # another user: a top, and a daemon that would attach to what grows
             shared = Path("/tmp") / f"memscope-node-{OTHER}-{os.getpid()}"  # pytest's base is root's alone
@@ -186,9 +188,11 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                              "0.2", "--window", "4", "--auto-attach", "--match", re.escape(tag)],
                                             cwd=shared, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                             text=True)
+            started += [other, other_daemon]
         out["address"] = daemon.wait_line(r"Prometheus metrics on http://(\S+)/metrics").group(1)
         daemon.wait_line(r"watching the torch processes")
         refusals = _refusals(tmp, out["db"])
+        started += refusals.values()
         out["refusals"] = {name: (p.wait(timeout=60), *p.communicate()) for name, p in refusals.items()}
         if other is not None:
             out["other"] = (other.wait(timeout=60), *other.communicate())
@@ -210,6 +214,10 @@ def node_set(tmp_path_factory: pytest.TempPathFactory) -> Any:
         again = out.get("again")
         if again is not None and again.popen.poll() is None:
             again.stop()
+        for popen in started:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait()
         for p in procs.values():
             p.stop()
         if "shared" in out:

@@ -34,7 +34,6 @@ from memscope.store.schema import RunFileError
 
 NODE_APPLICATION_ID = 0x4D454D4E  # "MEMN" (a run file is "MEMS")
 NODE_SCHEMA_VERSION = 1
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SCHEMA = """
 CREATE TABLE node (
@@ -88,14 +87,10 @@ CREATE TABLE events (
 
 
 def is_node_file(path: str) -> bool:
-    """A regular file whose SQLite header carries the node file's application id."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(100)
-    except OSError:
-        return False
-    return (len(head) == 100 and head.startswith(_SQLITE_MAGIC)
-            and int.from_bytes(head[68:72], "big") == NODE_APPLICATION_ID)
+    """A file whose SQLite header carries the node file's application id."""
+    from memscope.store.runs import application_id
+
+    return application_id(path) == NODE_APPLICATION_ID
 
 
 def default_node_path() -> str:

@@ -9,23 +9,16 @@ envelope the growth rule reads, and the peaks) and their count. The tiers, by ag
 - up to ``TIERS[1]``'s age (two days): one row per minute;
 - up to thirty days: one row per hour; older: one row per day.
 
-So a process watched for a year at one sample every 5 s costs about 4,900 rows, not six million.
+So a process watched for a year at one sample every 5 s costs about 4,500 rows, not six million.
 The samples of a process that ended more than ``KEEP_ENDED_S`` ago are dropped (its process row
 keeps its peaks, the events keep what was flagged and attached).
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
 
-
-def _env(name: str, default: float) -> float:
-    try:
-        value = float(os.environ[name])
-    except (KeyError, ValueError):
-        return default
-    return value if value > 0 else default
+from memscope.store.fold import _env  # the same reading of a tuning variable
 
 
 RAW_S = _env("MEMSCOPE_NODE_RAW_S", 3600.0)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from memscope.node.nodefile import NODE_APPLICATION_ID, NODE_SCHEMA_VERSION
+from memscope.store.reader import _json  # the run file's reading of a JSON column
 from memscope.store.schema import RunFileError
 
 _TABLES = ("node", "processes", "samples", "events")
@@ -94,11 +94,3 @@ class NodeReader:
             r["data"] = data if isinstance(data, dict) else None
         return rows
 
-
-def _json(text: Any, default: Any) -> Any:
-    if not isinstance(text, str):
-        return default
-    try:
-        return json.loads(text)
-    except ValueError:
-        return default
