@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
 TSTAMP := $(VENV)/.memscope-test-installed
 
-.PHONY: install demo test test-deps lint checks docs bench gpu-check clean bytecode
+.PHONY: install demo test test-deps lint checks docs bench gpu-check clean bytecode screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,11 @@ test: $(TSTAMP) test-deps bytecode
 	[ $$checked = 0 ] || echo "make test: make checks failed (above)" >&2; \
 	[ $$tests = 0 ] && [ $$checked = 0 ]
 PYTEST_ARGS = -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=20 --junitxml=$(VENV)/junit.xml
+
+# The docs' screenshots (docs/images: the dashboard at 80x24 and 160x48, the HTML page at 1,400
+# and 600 px in headless Chromium), made again from the fixed run file tests/tui/data/leaky.sqlite
+screenshots: $(STAMP) test-deps
+	$(BIN)/python tests/screenshots.py
 
 # what make test checks besides the suite: lint, and the site builds with --strict
 checks: lint

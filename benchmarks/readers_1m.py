@@ -125,6 +125,8 @@ def readers(db: Path, tmp: Path) -> list[tuple[str, list[str]]]:
         ("report", [*m, "report", str(db)]),
         ("report --json", [*m, "report", str(db), "--json"]),
         ("report --html", [*m, "report", str(db), "--html", str(tmp / "r.html")]),
+        # the timeline model alone (memory, categories, leak growth, marks), as a notebook reads it
+        ("load().timeline()", [sys.executable, "-c", f"import memscope; memscope.load({str(db)!r}).timeline()"]),
         ("leaks", [*m, "leaks", str(db)]),
         ("layers", [*m, "layers", str(db)]),
         ("oom", [*m, "oom", str(db)]),

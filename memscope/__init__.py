@@ -1,11 +1,13 @@
 """memscope: a memory debugger for PyTorch training.
 
-The reading side (store, analysis, report, cli) never imports torch; the functions below load
-the agent, and with it torch, only when called.
+Recording: ``start``/``stop``/``step``/``profile`` load the agent, and with it torch, only when
+called. Reading: ``load(path)`` returns a :class:`memscope.reading.Run` (the report contract as
+data, leaks, layers, the timeline model; drawn inline in a notebook) and never imports torch.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -14,19 +16,24 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from memscope.agent.runtime.agent import Agent
+    from memscope.reading import Run
 
-__all__ = ["__version__", "start", "stop", "step", "profile"]
+__all__ = ["__version__", "start", "stop", "step", "profile", "load"]
 
 
-def start(db: str | None = None, **options: Any) -> "Agent":
+def start(db: str | None = None, name: str | None = None, **options: Any) -> "Agent":
     """Start recording this process into run file ``db`` (returns the running agent).
 
-    Under ``memscope attach`` the agent is already running and is returned as it is.
-    Options: ``sample_hz`` (20), ``nvml_interval`` (1.0 s), ``force`` (overwrite ``db``).
+    Under ``memscope attach`` the agent is already running and is returned as it is; while this
+    process records already, the running agent is returned and a line says which file records.
+    ``db`` defaults to ``memscope-SCRIPT-STAMP.db`` (in a notebook: the notebook's name); a path
+    this process recorded into before gets the next number (``nb-2.db``). ``name``: the run's
+    name (reports show it). Options: ``sample_hz`` (20), ``nvml_interval`` (1.0 s), ``force``
+    (overwrite ``db``).
     """
     from memscope.agent.runtime.api import start as _start
 
-    return _start(db, **options)
+    return _start(db, name=name, **options)
 
 
 def stop() -> None:
@@ -43,8 +50,18 @@ def step() -> None:
     _step()
 
 
-def profile(db: str | None = None, **options: Any) -> "AbstractContextManager[Agent]":
-    """``with memscope.profile("run.db"):`` records the block, then stops."""
+def profile(db: str | None = None, name: str | None = None, **options: Any) -> "AbstractContextManager[Agent]":
+    """``with memscope.profile("run.db", name="baseline"):`` records the block, then stops
+    (the arguments are :func:`start`'s)."""
     from memscope.agent.runtime.api import profile as _profile
 
-    return _profile(db, **options)
+    return _profile(db, name=name, **options)
+
+
+def load(path: "str | os.PathLike[str] | None" = None) -> "Run":
+    """The run file at ``path`` to read (finished or still being written): ``.report()``,
+    ``.leaks()``, ``.layers()``, ``.timeline()``; a notebook draws it. Without ``path``: the run
+    this process recorded last. Never imports torch."""
+    from memscope.reading import load as _load
+
+    return _load(path)

@@ -16,6 +16,17 @@ def human_bytes(n: int | float | None) -> str:
     return f"{value:.2f} PiB"
 
 
+def axis_bytes(n: int | float) -> str:
+    """A round value on a chart's axis in :func:`human_bytes`' units, without its trailing zeros:
+    ``0 B``, ``512 KiB``, ``2.5 MiB``, ``1.25 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+        value /= 1024
+    return f"{value:g} PiB"
+
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
@@ -38,18 +49,3 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"size must be above zero, not {text!r}")
     return value
-
-
-def short_bytes(n: int | float | None) -> str:
-    """``human_bytes`` in at most 6 cells for narrow tables: ``900.0K``, ``5.79M``, ``12G``."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(value) < 1024 or unit == "T":
-            if unit == "B":
-                return f"{value:.0f}B"
-            digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
-            return f"{value:.{digits}f}{unit}"
-        value /= 1024
-    return f"{value:.0f}P"

@@ -240,7 +240,7 @@ def test_report_suggests_a_plan_near_the_device_limit(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     sg = {s["technique"]: s for s in json.loads(out.stdout)["suggestions"]}
     plan = sg["fit_plan"]
-    assert "94% of the 32.0 GiB device" in plan["evidence"]
+    assert "94% of the 32.00 GiB device" in plan["evidence"]
     assert "memscope fit --gpu 32GiB SCRIPT.py" in plan["how"]
     assert plan["estimated_saving_bytes"] > 0
     far = near_limit_run(tmp_path / "far.db", 30 * GiB, 80 * GiB)

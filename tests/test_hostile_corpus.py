@@ -126,6 +126,8 @@ def test_html_has_no_element_made_by_the_data(files: dict[str, Path], capsys: py
     reference = _Tags()
     reference.feed(_html(capsys, files["clean"], files["base"] / "clean.html"))
     reference.feed(_html(capsys, runs.ROOT / "tests/tui/data/oom.sqlite", files["base"] / "oom.html"))
+    # a clean run with a leak: its growth chart and facts (the hostile attached run leaks too)
+    reference.feed(_html(capsys, runs.ROOT / "tests/tui/data/leaky.sqlite", files["base"] / "leaky.html"))
     for which in ("attached", "edited"):
         page = _html(capsys, files[which], files["base"] / f"{which}.html")
         tags = _Tags()
@@ -134,6 +136,9 @@ def test_html_has_no_element_made_by_the_data(files: dict[str, Path], capsys: py
         assert dangerous(page) == []
         assert "<script>alert" not in page
         assert which == "attached" or "&lt;script&gt;alert(1)" in page  # shown, as text
+        # through the new charts: the attached run's leak (held by a hostile name) is drawn, its
+        # group in the legend, its facts and every column's tooltip as escaped text
+        assert which != "attached" or all(f'id="{c}"' in page for c in ("timeline", "categories", "leak-1"))
         assert len(page) < 2 * TEXT_LIMIT
     code, out, err = run_cli(capsys, "report", str(files["edited"]), "--html", "-")
     assert code == 0 and out == page  # to stdout: the same page, untouched by the text guard
@@ -230,7 +235,8 @@ def test_html_in_a_real_browser_has_no_element_made_by_the_data(
         return out.stdout
 
     reference = _Tags()
-    for db, name in ((files["clean"], "clean"), (runs.ROOT / "tests/tui/data/oom.sqlite", "oom")):
+    for db, name in ((files["clean"], "clean"), (runs.ROOT / "tests/tui/data/oom.sqlite", "oom"),
+                     (runs.ROOT / "tests/tui/data/leaky.sqlite", "leaky")):
         _html(capsys, db, files["base"] / f"b-{name}.html")
         reference.feed(dom(files["base"] / f"b-{name}.html"))
     for which in ("attached", "edited"):

@@ -1,38 +1,31 @@
 """``memscope report --html``: a self-contained page, checked in text and as headless Chromium
-draws it (a screenshot, decoded by the small PNG reader below)."""
+lays it out at 1,400 and 600 px (over the DevTools protocol: tests/cdp.py): elements, tooltips,
+nothing wider than the window, and screenshots decoded by the small PNG reader below."""
 
 from __future__ import annotations
 
 import html
+import json
 from html.parser import HTMLParser
 import os
 import re
-import shutil
 import struct
-import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cdp import Browser, Page, chromium
 from conftest import cli, memscope
 from shared_runs import shared_ddp
 from test_leaks import example_40_steps
+from memscope.analysis.run_timeline import run_timeline
 from memscope.analysis.summary import summarize
 from memscope.analysis.timeline import memory_timeline
-from memscope.report.html import CHART_H, CHART_W, OOM_COLOR, PAD_L, PAD_R, PALETTE
+from memscope.report.html_charts import CATEGORY_COLORS, LEAK_COLORS, OOM_COLOR, PALETTE
 from memscope.store.reader import RunReader
-
-# The page puts the chart right under a 64 px header, 16 px from the left (html.CSS)
-CHART_BOX = (16, 64, 16 + CHART_W, 64 + CHART_H)  # x0, y0, x1, y1 in the 1200x900 screenshot
-
-
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+from memscope.units import human_bytes
 
 
 # -- a minimal PNG reader: 8-bit RGB/RGBA, non-interlaced (what Chromium writes) --------------
@@ -103,21 +96,6 @@ def pixels_near(rows: list[bytes], box: tuple[int, int, int, int], color: tuple[
     return out
 
 
-def screenshot(page: Path, tmp_path: Path) -> list[bytes]:
-    exe = chromium()
-    if exe is None:
-        pytest.skip("no chromium binary (apt-get install chromium; make test installs it)")
-    png = tmp_path / f"{page.stem}.png"
-    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--screenshot={png}",
-                    "--window-size=1200,900", page.resolve().as_uri()],
-                   capture_output=True, timeout=120, check=False)
-    assert png.exists(), "chromium wrote no screenshot"
-    width, height, rows = read_png(png)
-    assert (width, height) == (1200, 900)
-    return rows
-
-
 # -- runs ------------------------------------------------------------------------------------
 
 
@@ -137,9 +115,11 @@ def write_html(db: Path, tmp_path: Path, *extra: str) -> tuple[Path, str]:
 
 
 def assert_self_contained(text: str) -> None:
-    """Nothing to fetch: no URL, no external script, stylesheet, image or font."""
+    """Nothing to fetch: no URL, no external script, stylesheet, image or font; one inline script
+    (the tooltips)."""
     assert "://" not in text
-    assert not re.search(r"<(script|link|img|iframe)\b", text)
+    assert not re.search(r"<(link|img|iframe)\b", text) and not re.search(r"<script[^>]*\bsrc", text)
+    assert text.count("<script>") == 1
     assert "@import" not in text and "url(" not in text
 
 
@@ -152,7 +132,7 @@ def test_html_report_content(oom_run: Path, tmp_path: Path) -> None:
     # the drawn series is the timeline the analysis computes, point for point
     with RunReader(oom_run) as reader:
         points = memory_timeline(reader, 600).primary.points  # type: ignore[union-attr]
-    (poly,) = re.findall(r'<polyline class="series"[^>]* points="([^"]+)"', text)
+    (poly,) = re.findall(r'<polyline class="series" stroke="[^"]+" points="([^"]+)"', text)
     assert len(poly.split()) == len(points) > 3
     assert 'class="oom"' in text and 'class="peak"' in text
     assert "Out of memory" in text and "step 3, forward, expand" in text
@@ -161,7 +141,7 @@ def test_html_report_content(oom_run: Path, tmp_path: Path) -> None:
     with RunReader(oom_run) as reader:
         spots = [h.module or "(model)" for h in summarize(reader).hotspots]
     hot = text.split("<h2>Hotspots")[1].split("<h2>")[0]
-    assert spots and [html.unescape(m) for m in re.findall(r"<tr><td>([^<]+)</td>", hot)] == spots[:15]
+    assert spots and [html.unescape(m) for m in re.findall(r'<span class="name">([^<]+) <small>', hot)] == spots[:15]
     assert "<h2>Leaks</h2>" in text and "<h2>Suggestions</h2>" in text
 
 
@@ -170,27 +150,9 @@ def test_html_with_json_prints_json(oom_run: Path, tmp_path: Path) -> None:
     assert stdout.lstrip().startswith("{") and '"schema": "memscope.report/1"' in stdout
 
 
-def test_html_chart_drawn_in_chromium(oom_run: Path, tmp_path: Path) -> None:
-    page, _ = write_html(oom_run, tmp_path)
-    rows = screenshot(page, tmp_path)
-    x0, y0, x1, y1 = CHART_BOX
-    line = pixels_near(rows, CHART_BOX, hex_rgb(PALETTE[0]))
-    # the RSS line runs across the plot: many pixels of its colour, left edge to right edge
-    assert len(line) > 300, len(line)
-    xs = [x for x, _ in line]
-    plot_w = CHART_W - PAD_L - PAD_R
-    assert max(xs) - min(xs) > 0.9 * plot_w, (min(xs), max(xs))
-    assert pixels_near(rows, CHART_BOX, hex_rgb(OOM_COLOR)), "no OOM marker drawn"
-    # and the region is not blank: plenty of pixels differ from the white page
-    background = (255, 255, 255)
-    busy = sum(1 for y in range(y0, y1) for x in range(x0, x1)
-               if tuple(rows[y][3 * x:3 * x + 3]) != background)
-    assert busy > 0.3 * (x1 - x0) * (y1 - y0), busy
-
-
-def test_html_without_samples_draws_no_line(tmp_path: Path) -> None:
+def test_html_without_samples_draws_no_line(tmp_path: Path, browser: Browser) -> None:
     """The negative control: a run whose script never imported torch has no samples; the page
-    says so and the chart region holds none of the line's pixels."""
+    says so and draws no line."""
     script = tmp_path / "plain.py"
     script.write_text("print('no torch here')\n")
     db = tmp_path / "run.db"
@@ -199,8 +161,9 @@ def test_html_without_samples_draws_no_line(tmp_path: Path) -> None:
     page, _ = write_html(db, tmp_path)
     text = page.read_text()
     assert "no memory samples in this run" in text and "<polyline" not in text
-    rows = screenshot(page, tmp_path)
-    assert pixels_near(rows, CHART_BOX, hex_rgb(PALETTE[0])) == []
+    shown = browser.page(page.resolve().as_uri(), 600, 700)
+    assert shown.js("document.querySelectorAll('polyline').length") == 0
+    assert "no memory samples in this run" in shown.js("document.querySelector('#timeline').textContent")
 
 
 def test_html_leak_and_fix(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -285,9 +248,117 @@ def test_html_leaks_table_has_site_and_module(tmp_path: Path, tmp_path_factory: 
     assert "<locals>" not in text  # escaped wherever it appears
     parser = _Tables()
     parser.feed(text)
-    (leaks,) = [t for t in parser.tables if t and "held by" in t[0]]
-    head, *rows = leaks
-    assert head == ["group", "per step", "tensors/step", "steps", "held by", "site", "module", "fix"]
-    (row,) = rows
-    cells = dict(zip(head, row))
+    (facts,) = [t for t in parser.tables if any(row[:1] == ["held by"] for row in t)]
+    cells = {row[0]: row[1] for row in facts}
+    assert list(cells) == ["per step", "tensors/step", "steps", "held by", "site", "module", "created at", "fix"]
     assert (cells["held by"], cells["site"], cells["module"]) == (held_by, site, module)
+    assert f"memscope leaks {db}" in html.unescape(text)  # the hint names this very file
+
+
+# -- in a browser: 1,400 and 600 px wide -------------------------------------------------------
+
+UNIT = re.compile(r"^\d+(\.\d+)? (B|KiB|MiB|GiB|TiB)$")
+# every element the layout made wider than the window (a table that scrolls in its own box: its box)
+OVERFLOW = """[...document.querySelectorAll('body *')].filter(e => {const r = e.getBoundingClientRect();
+  return r.width > 0 && (r.right > innerWidth + 0.5 || r.left < -0.5) && !e.parentElement.closest('.wide')
+    && !e.closest('.tip')})
+  .map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    exe = chromium()
+    if exe is None:
+        pytest.fail("no chromium binary: the page is checked in a real browser (apt-get install chromium; "
+                    "make test installs it)")
+    b = Browser(exe, tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def leaky_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """tests/test_leaks.py's 40-step examples/leaky.py run (made once per session) and its page."""
+    db, out = example_40_steps(tmp_path_factory, "leaky")
+    assert out.returncode == 0, out.stderr
+    page = tmp_path_factory.mktemp("leaky-page") / "report.html"
+    assert cli("report", str(db), "--html", str(page)).returncode == 0
+    return db, page
+
+
+def hover(page: Page, selector: str, index: int = -1) -> dict[str, Any]:
+    """Move the pointer onto the middle of a chart column; the tooltip's state then."""
+    box = page.js(f"""(() => {{const all = document.querySelectorAll({json.dumps(selector)});
+        const e = all[{index} < 0 ? all.length + {index} : {index}]; e.scrollIntoView({{block: 'center'}});
+        const r = e.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2];}})()""")
+    page.hover(*box)
+    return page.js("""(() => {const t = document.querySelector('.tip'), r = t.getBoundingClientRect();
+        return {hidden: t.hidden, text: t.textContent, children: t.children.length,
+                left: r.left, right: r.right, top: r.top, bottom: r.bottom};})()""")
+
+
+def box_of(page: Page, selector: str) -> tuple[int, int, int, int]:
+    """The element's box in page coordinates (a full-page screenshot's pixels)."""
+    r = page.js(f"""(() => {{const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();
+        return [r.left, r.top + scrollY, r.right, r.bottom + scrollY];}})()""")
+    return int(r[0]), int(r[1]), int(r[2]), int(r[3])
+
+
+@pytest.mark.parametrize("width", [1400, 600])
+def test_charts_in_a_browser(browser: Browser, leaky_page: tuple[Path, Path], tmp_path: Path, width: int) -> None:
+    db, html_file = leaky_page
+    with RunReader(db) as reader:
+        s = summarize(reader)
+        tl = run_timeline(reader, s)
+    page = browser.page(html_file.resolve().as_uri(), width, 900)
+    # nothing wider than the window; each chart as wide as its column
+    assert page.js("document.documentElement.scrollWidth") <= width
+    assert page.js(OVERFLOW) == []
+    charts = page.js("[...document.querySelectorAll('svg.plot')].map(s => [s.closest('figure').id, "
+                     "s.getBoundingClientRect().width])")
+    assert [c[0] for c in charts] == ["timeline", "categories", "leak-1"]
+    assert all(w >= 0.85 * (width - 32 - 64) for _, w in charts), charts
+    for chart in ("timeline", "categories", "leak-1"):  # y labels in memory units, from 0
+        labels = page.js(f"[...document.querySelectorAll('#{chart} .ylab span')].map(s => s.textContent)")
+        assert labels[0] == "0 B" and len(labels) >= 3 and all(UNIT.match(x) for x in labels), labels
+    # the category stack's last column: the step, its time, every category, the leak
+    last = tl.categories.points[-1]
+    tip = hover(page, "#categories rect.hit")
+    assert not tip["hidden"] and tip["children"] == 0, tip  # text, never markup
+    lines = tip["text"].splitlines()
+    assert lines[0] == f"step {last.step} ({last.t:.2f} s), at its end", lines
+    assert f"parameters: {human_bytes(last.parts['parameters'])}" in lines
+    assert f"leak 1: {human_bytes(last.parts['leak:0'])}" in lines and last.parts["leak:0"] > 0
+    assert lines[-1].startswith(f"other: {human_bytes(last.parts['other'])} (of host RSS ")
+    assert 0 <= tip["left"] and tip["right"] <= width and 0 <= tip["top"] and tip["bottom"] <= 900  # on screen
+    # the timeline: time, step, each series
+    tip = hover(page, "#timeline rect.hit", len(tl.memory.primary.points) // 2)  # type: ignore[union-attr]
+    assert re.match(r"^\d+\.\d\d s( · step \d+)?$", tip["text"].splitlines()[0]), tip["text"]
+    assert "host RSS: " in tip["text"]
+    # the leak's growth, with the verdict's rate where it grew
+    lk = s.leaks[0]
+    tip = hover(page, "#leak-1 rect.hit")
+    assert f"(+{human_bytes(lk.bytes_per_step)}/step)" in tip["text"] and tip["text"].startswith("step ")
+    # drawn: a screenshot, its pixels in the charts' colours
+    shot = page.screenshot(tmp_path / f"leaky-{width}.png")
+    w, _, rows = read_png(shot)
+    assert w == width
+    assert len(pixels_near(rows, box_of(page, "#timeline svg"), hex_rgb(PALETTE[0]))) > 100
+    cats = box_of(page, "#categories svg")
+    for color in (LEAK_COLORS[0], CATEGORY_COLORS["parameters"], CATEGORY_COLORS["optimizer_state"]):
+        assert len(pixels_near(rows, cats, hex_rgb(color))) > 50, color
+    assert len(pixels_near(rows, box_of(page, "#leak-1 svg"), hex_rgb(LEAK_COLORS[0]))) > 50
+
+
+def test_oom_page_at_600(browser: Browser, oom_run: Path, tmp_path: Path) -> None:
+    """The OOM line and its flag stay inside a narrow window; the hints name the run file."""
+    page_file, _ = write_html(oom_run, tmp_path)
+    text = html.unescape(page_file.read_text())
+    assert f"memscope oom {oom_run}" in text and f"memscope layers {oom_run}" in text and "RUN.db" not in text
+    page = browser.page(page_file.resolve().as_uri(), 600, 900)
+    assert page.js(OVERFLOW) == [] and page.js("document.documentElement.scrollWidth") <= 600
+    flag = page.js("(() => {const r = document.querySelector('#timeline .flag').getBoundingClientRect();"
+                   "return [document.querySelector('#timeline .flag').textContent, r.left, r.right];})()")
+    assert flag[0] == "OOM" and 0 <= flag[1] and flag[2] <= 600, flag
+    _, _, rows = read_png(page.screenshot(tmp_path / "oom-600.png"))
+    assert pixels_near(rows, box_of(page, "#timeline svg"), hex_rgb(OOM_COLOR)), "no OOM line drawn"

@@ -351,7 +351,7 @@ def test_fragmentation_read_before_the_script_freed_its_blocks(tmp_path: Path) -
                  inactive_split=0, alloc_retries=1)]
     frag = by_technique(suggestions(cuda_run(tmp_path / "freed.db", rows)))["allocator_config"]
     assert frag.estimated_saving_bytes == 6 * GiB
-    assert "near the highest reserved memory (37.0 GiB reserved, 26.0 GiB allocated)" in frag.evidence
+    assert "near the highest reserved memory (37.00 GiB reserved, 26.00 GiB allocated)" in frag.evidence
 
 
 def test_compact_allocator_gets_no_allocator_advice(tmp_path: Path) -> None:

@@ -78,6 +78,7 @@ class Leak:
     every: float = 1.0  # typical steps between its rises (1: every step)
     saved_bytes_per_step: int = 0  # of bytes_per_step: tensors its graphs still save for backward
     node_cost: NodeCost = ESTIMATE  # what each retained autograd node is counted at
+    sig: tuple[Any, ...] = ()  # the group's SIG_COLUMNS values as stored (its rows, for plots)
 
     @property
     def kind(self) -> str:
@@ -293,7 +294,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         created_at=h.get("created_at"), every=g.every,
                         saved_bytes_per_step=int(round(max(g.saved_per_step, 0))),
                         bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3),
-                        node_cost=cost))
+                        node_cost=cost, sig=sig))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
 

@@ -33,7 +33,7 @@ class _Dashboard:
     """The live dashboard in the foreground; closing it (q) asks for a detach."""
 
     def __init__(self, db: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "memscope", "tui", "--attached", db])
+        self.proc = subprocess.Popen([sys.executable, "-m", "memscope", "tui", "--attached-pid", db])
         self.closed = threading.Event()
         threading.Thread(target=self._wait, daemon=True, name="memscope-dashboard").start()
 

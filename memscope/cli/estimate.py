@@ -8,6 +8,7 @@ import json
 import re
 
 from memscope.display import shown_text
+from memscope.units import human_bytes
 from memscope.analysis.estimate import OPTIMIZERS, PRECISIONS, Estimate, EstimateError, Inputs, estimate
 from memscope.cli.errors import CliError
 
@@ -102,10 +103,10 @@ def _size(n: int | None) -> str:
     if n is None:
         return "-"
     if n >= 1e9:
-        return f"{n / 1e9:.1f} GB ({n / 2**30:.1f} GiB)"
+        return f"{n / 1e9:.1f} GB ({human_bytes(n)})"
     if n >= 1e6:
-        return f"{n / 1e6:.1f} MB ({n / 2**20:.1f} MiB)"
-    return f"{n / 1e3:.1f} kB ({n / 2**10:.1f} KiB)"
+        return f"{n / 1e6:.1f} MB ({human_bytes(n)})"
+    return f"{n / 1e3:.1f} kB ({human_bytes(n)})"
 
 
 def _count(n: int) -> str:

@@ -11,14 +11,13 @@ from memscope.analysis.hotspots import (
     choose_step,
     hotspots,
     layer_rows,
-    closure_forwards,
     micro_batch_note,
-    micro_batches,
     profiled_steps,
 )
 from memscope.analysis.summary import summarize
 from memscope.cli.errors import CliError
 from memscope.display import shown
+from memscope.report.json_report import layers_from
 from memscope.report.text import render_hotspots
 from memscope.store.reader import RunReader
 
@@ -54,17 +53,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             step = summary.hotspot_step if summary.hotspot_step in steps else choose_step(steps, None)
         assert step is not None
+        doc = layers_from(reader, summary, step, args.depth)
         rows = layer_rows(reader, proc, step)  # type: ignore[arg-type]
         spots = hotspots(rows, args.depth)
-        micro = micro_batches(rows)
-        closure = closure_forwards(reader, proc, step)
+        micro, closure = doc["micro_batches"], doc["closure_forwards"]
     if args.json:
-        print(json.dumps({"step": step, "depth": args.depth, "profiled_steps": steps,
-                          "micro_batches": micro, "closure_forwards": closure, "modules": [
-            {"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
-             "share": round(h.share, 4), "output_bytes": h.output_bytes,
-             "forward_s": h.forward_s, "backward_s": h.backward_s, "alloc_peak": h.alloc_peak,
-             "calls": h.calls} for h in spots]}, indent=2))
+        print(json.dumps(doc, indent=2))
     else:
         per = micro_batch_note(micro, closure)
         print(f"step {step} (profiled: {', '.join(map(str, steps[:20]))}{' ...' if len(steps) > 20 else ''})"

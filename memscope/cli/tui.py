@@ -32,6 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "file of memscope daemon: the top view of what it saw)")
     # set by `memscope attach`: q leaves the training running, ctrl+c interrupts it
     parser.add_argument("--attached", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--attached-pid", action="store_true", help=argparse.SUPPRESS)  # attach --pid
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
             app_module = importlib.import_module("memscope_tui.app")  # textual loads meanwhile
         except ImportError:
             raise CliError(_INSTALL) from None
-        return int(app_module.run_app(args.db, attached=bool(args.attached), first=first, head=head))
+        return int(app_module.run_app(args.db, attached=bool(args.attached or args.attached_pid), first=first,
+                                      head=head, by_pid=bool(args.attached_pid)))
 
 
 def dashboard_installed() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from memscope.analysis.summary import Peak
@@ -30,3 +31,9 @@ def breakdown_source(peak: Peak) -> str:
     if peak_step is None:
         return f" (measured at profiled step {step})"
     return f" (measured at profiled step {step}, not at the peak's step {peak_step})"
+
+
+def command_hint(command: str, path: str) -> str:
+    """``memscope COMMAND PATH`` for the run file at hand, quoted as a shell reads it (a hint a
+    user can paste, instead of a placeholder)."""
+    return f"memscope {command} {shlex.quote(path)}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memscope.analysis.hotspots import (choose_step, closure_forwards, hotspots, layer_rows, micro_batches,
+                                        profiled_steps)
 from memscope.analysis.ranks import imbalance
 from memscope.analysis.suggestions import suggest_for
 from memscope.analysis.summary import RunSummary, summarize
@@ -91,3 +93,24 @@ def _oom(s: RunSummary) -> dict[str, Any] | None:
     if r is None or (r.kind == "killed" and not r.data.get("likely_oom_killer")):
         return None
     return r.to_json()
+
+
+def layers_from(reader: RunReader, summary: RunSummary, step: int | None = None,
+                depth: int | None = None) -> dict[str, Any]:
+    """``memscope layers --json``: the modules of profiled ``step`` (default: the hotspots' step,
+    else the one nearest the peak), folded to ``depth``. ``step`` None in the result: no profile."""
+    proc = summary.main_proc
+    steps = [st for _, st in profiled_steps(reader, proc)] if proc is not None else []
+    if step is None:
+        step = summary.hotspot_step if summary.hotspot_step in steps else choose_step(steps, None)
+    if step is None or proc is None or step not in steps:
+        return {"step": None, "depth": depth, "profiled_steps": steps, "micro_batches": None,
+                "closure_forwards": 0, "modules": []}
+    rows = layer_rows(reader, proc, step)
+    spots = hotspots(rows, depth)
+    return {"step": step, "depth": depth, "profiled_steps": steps, "micro_batches": micro_batches(rows),
+            "closure_forwards": closure_forwards(reader, proc, step), "modules": [
+                {"module": h.module, "type": h.type, "activation_bytes": h.activation_bytes,
+                 "share": round(h.share, 4), "output_bytes": h.output_bytes,
+                 "forward_s": h.forward_s, "backward_s": h.backward_s, "alloc_peak": h.alloc_peak,
+                 "calls": h.calls} for h in spots]}

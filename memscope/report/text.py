@@ -12,7 +12,7 @@ from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
 from memscope.analysis.summary import RunSummary
 from memscope.display import shown, shown_text
-from memscope.report.format import breakdown_source, clock
+from memscope.report.format import breakdown_source, clock, command_hint
 from memscope.units import human_bytes
 
 _METRIC = {"rss": "host RSS", "cuda_allocated": "CUDA allocated"}
@@ -92,13 +92,13 @@ def render_summary(s: RunSummary) -> str:
         absurd = (s.oom.requested_bytes or 0) > ABSURD_REQUEST  # a shape bug: no limit is to blame
         over = f", over {limit_line(limit, None)}" if limit is not None and not absurd else ""
         lines.append(f"oom       out of memory{on} {at} ({where}), requested "
-                     f"{human_bytes(s.oom.requested_bytes)}{over} (memscope oom RUN.db explains it)")
+                     f"{human_bytes(s.oom.requested_bytes)}{over} ({command_hint('oom', s.path)} explains it)")
     if len(s.ranks) > 1:
         lines.extend(render_ranks(s.ranks, _METRIC.get(s.peak.metric, s.peak.metric)))
     if s.hotspots:
         per = micro_batch_note(s.hotspot_micro_batches, s.hotspot_closure_forwards)
         lines.append(f"hotspots  activations saved for backward, profiled step {s.hotspot_step}"
-                     + (f", {per}" if per else "") + " (memscope layers RUN.db for all modules)")
+                     + (f", {per}" if per else "") + f" ({command_hint('layers', s.path)} for all modules)")
         lines.append(render_hotspots(s.hotspots[:_TOP], with_details=False, indent="  "))
         if note := compiled_note(s.hotspots, shown):
             lines.append(f"  note: {note}")
@@ -122,9 +122,9 @@ def render_leaks(s: RunSummary) -> list[str]:
         if lk.kind == "graph":  # nodes counted; bytes a node measured on the run, or estimated
             per_step += f" ({lk.node_cost.phrase()})"
         out.append(f"leak      {shown_text(describe(lk))}: {per_step}, held by "
-                   f"{shown(lk.held_by or 'unknown')} (memscope leaks RUN.db)")
+                   f"{shown(lk.held_by or 'unknown')} ({command_hint('leaks', s.path)})")
     if len(s.leaks) > 3:
-        out.append(f"          {len(s.leaks) - 3} more (memscope leaks RUN.db)")
+        out.append(f"          {len(s.leaks) - 3} more ({command_hint('leaks', s.path)})")
     if not s.leaks:
         check = s.leak_check
         if check.verdict == "ok":
@@ -138,11 +138,11 @@ def render_leaks(s: RunSummary) -> list[str]:
     if u is not None:
         metric = u.label
         out.append(f"growth    {metric} +{human_bytes(u.bytes_per_step)}/step (steps {u.first_step}–"
-                   f"{u.last_step}) that no tensor group explains (memscope leaks RUN.db)")
+                   f"{u.last_step}) that no tensor group explains ({command_hint('leaks', s.path)})")
     w = s.workers
     if w is not None:
         out.append(f"workers   {w.workers} DataLoader worker(s) copied {human_bytes(w.uss_end - w.uss_start)} "
-                   "of their dataset (copy-on-read; memscope leaks RUN.db)")
+                   f"of their dataset (copy-on-read; {command_hint('leaks', s.path)})")
     return out
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from memscope.analysis.timeline import memory_timeline
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, finish_run
 from memscope_tui.app import HelpScreen, MemscopeApp, StepRuler
+from memscope_tui.plot import Plot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,16 +81,19 @@ async def test_timeline_shows_host_rss(tiny_run: Path) -> None:
         await wait_until(pilot, lambda: app.loads >= 1)
         await pilot.pause()
         caption = text_of(app, "#caption")
-        data = list(app.query_one("#timeline", Sparkline).data or [])
+        plot = app.query_one("#timeline", Plot)
+        lines = str(plot.render()).splitlines()
         ruler = app.query_one("#ruler", StepRuler)
         ruler_text = str(ruler.render())
-        spark_region = app.query_one("#timeline", Sparkline).region
+        region = plot.region
     assert caption.startswith("host RSS")
     assert f"high {human_bytes(rss.max)}" in caption and f"low {human_bytes(rss.min)}" in caption
-    assert data and max(data) == rss.max and min(data) >= (rss.min or 0)
-    assert spark_region.width >= 70 and spark_region.height >= 3  # readable at 80x24
-    assert ruler_text.startswith(f"{tl.t0:.1f}s") and ruler_text.rstrip().endswith(f"{tl.t1:.1f}s")
-    assert ruler_text.count("╵") >= 1  # step ends marked
+    assert region.width >= 70 and region.height >= 8  # readable at 80x24
+    assert "host RSS" in lines[0] and "tensors" in lines[0]  # the legend: two series
+    assert lines[-3].strip().endswith("0 B ┤") or "0 B ┤" in lines[-3]  # from zero
+    assert any("MiB ┤" in line for line in lines[1:-2])  # memory-unit labels
+    assert lines[-1].strip().endswith(" s") and "└" in lines[-2]  # a time axis
+    assert ruler_text.lstrip().startswith("steps") and ruler_text.count("╵") >= 1  # step ends marked
 
 
 async def test_q_quits(tiny_run: Path) -> None:

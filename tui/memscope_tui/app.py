@@ -64,9 +64,10 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
 
-    def __init__(self, attached: bool) -> None:
+    def __init__(self, attached: bool, by_pid: bool = False) -> None:
         super().__init__()
         self.attached = attached
+        self.by_pid = by_pid
 
     def compose(self) -> ComposeResult:
         views = " ".join(f"{i} {cls.TITLE}" for i, (_, cls) in enumerate(VIEWS, 1))
@@ -74,13 +75,16 @@ class HelpScreen(ModalScreen[None]):
         quit_line = ("q        close the dashboard, training goes on (^q too)\n"
                      "ctrl+c   interrupt the training (as ^c would without the dashboard)\n"
                      if self.attached else "q        quit (^q and ctrl+c too)\n")
+        if self.by_pid:  # memscope attach --pid: the training is not memscope's to interrupt
+            quit_line = ("q        detach memscope and close the dashboard; the training goes on (^q too)\n"
+                         "ctrl+c   detach memscope (the dashboard stays until q)\n")
         with VerticalScroll(id="help"):
             yield Static("[b]memscope keys[/b] [dim](↑ ↓ scroll this, escape closes it)[/dim]",
                          id="help-title")
             yield Static(
                 quit_line +
                 "r        refresh now\n"
-                "m        next memory metric (CUDA allocated/reserved/peak, RSS, NVML)\n"
+                "m        next memory metric in front (CUDA allocated/reserved/peak, NVML)\n"
                 "/        filter the tables (⏎ keeps the filter, escape clears it)\n"
                 "?        this help\n"
                 "1-7      switch view (or a click on its tab):\n"
@@ -99,8 +103,9 @@ class HelpScreen(ModalScreen[None]):
                 "shift+← shift+→ shift+^← shift+^→ shift+home shift+end shift+^a  select\n"
                 "⌫ del ^w ^d ^u ^k alt+⌫ ^⌫ super+⌫  delete (a word, to the start/end)\n"
                 "^x ^v super+c                       cut, paste, copy\n\n"
-                "The timeline shows each time bucket's maximum; ticks under it mark step\n"
-                f"ends. A run still being written refreshes every {POLL_S:g} s.",
+                "Plots start at 0 B. The timeline: each time bucket's maximum, the tensors\n"
+                "the inventories counted, the peak step, OOMs, attach and detach; ticks\n"
+                f"under it mark step ends. A live run refreshes every {POLL_S:g} s.",
                 id="help-body", markup=True,
             )
 
@@ -141,9 +146,11 @@ class MemscopeApp(App[int]):
 
     def __init__(self, db: str, poll_s: float = POLL_S, attached: bool = False,
                  now: Callable[[], float] = time.time,
-                 first: Future[Snapshot] | None = None, head: HeadSource | None = None) -> None:
+                 first: Future[Snapshot] | None = None, head: HeadSource | None = None,
+                 by_pid: bool = False) -> None:
         """``attached``: opened by ``memscope attach`` in the foreground: q leaves the training
-        running, ctrl+c interrupts it. ``now`` is the clock for "running for N s" (tests freeze it).
+        running, ctrl+c interrupts it (``by_pid``, by ``memscope attach --pid``: both detach
+        memscope, the training goes on). ``now`` is the clock for "running for N s" (tests freeze it).
         ``first``: the first head snapshot, already being read by ``head`` (started before textual
         was imported)."""
         super().__init__()
@@ -152,6 +159,7 @@ class MemscopeApp(App[int]):
         self.db = db
         self.poll_s = poll_s
         self.attached = attached
+        self.by_pid = by_pid
         self.now = now
         self.snapshot: Snapshot | None = None  # what is drawn
         self.full: Snapshot | None = None      # the last full read (every view's data)
@@ -353,7 +361,9 @@ class MemscopeApp(App[int]):
         if self.filter_text:
             squeeze = len(parts)
             parts.append((f"filter: {shown(self.filter_text)}", f"/{shown(self.filter_text)}"))
-        if self.attached and self.live:
+        if self.attached and self.live and self.by_pid:
+            parts.append(("q or ctrl+c detaches memscope, training goes on", "q/ctrl+c: detach"))
+        elif self.attached and self.live:
             parts.append(("q closes the dashboard, training goes on · ctrl+c interrupts training",
                           "q: close, training goes on · ctrl+c: interrupt"))
         line = self.query_one("#state", Static)
@@ -401,7 +411,7 @@ class MemscopeApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.attached))
+            self.push_screen(HelpScreen(self.attached, self.by_pid))
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -443,13 +453,16 @@ class MemscopeApp(App[int]):
             self.notify(f"cannot interrupt the training: {exc}", severity="error", markup=False)
             return
         self.interrupted = True
-        self.notify("interrupt sent to the training; the dashboard stays until q", timeout=5)
+        if self.by_pid:  # the attach command took the SIGINT as a request to detach
+            self.notify("detaching memscope; the training goes on (the dashboard stays until q)", timeout=5)
+        else:
+            self.notify("interrupt sent to the training; the dashboard stays until q", timeout=5)
 
 
 def run_app(db: str, attached: bool = False, first: Future[Snapshot] | None = None,
-            head: HeadSource | None = None) -> int:
+            head: HeadSource | None = None, by_pid: bool = False) -> int:
     """Run the dashboard on ``db`` in the terminal; returns the exit status. ``first``: the
     first head snapshot, being read by ``head`` (see memscope.cli.tui)."""
-    app = MemscopeApp(db, attached=attached, first=first, head=head)
+    app = MemscopeApp(db, attached=attached, first=first, head=head, by_pid=by_pid)
     app.run()
     return int(app.return_code or 0)

@@ -25,11 +25,13 @@ from memscope.analysis.hotspots import (
     micro_batches,
     profiled_steps,
 )
+from memscope.analysis.categories import CategoryTimeline, LeakGrowth, category_timeline, leak_growth
 from memscope.analysis.leaks import GroupDiff, diff, inventory_steps
 from memscope.analysis.oom import advice
 from memscope.analysis.ranks import RankSummary
 from memscope.analysis.ranks import imbalance as rank_imbalance
 from memscope.analysis.run_head import RunHead
+from memscope.analysis.run_timeline import Mark, marks
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.timeline import (Series, StepMark, StepRow, Timeline, memory_timeline,
@@ -40,6 +42,7 @@ from memscope.store.reader import RunReader
 
 BUCKETS = 200       # timeline resolution read from the run file (the plot re-buckets to its width)
 TABLE_STEPS = 50    # steps shown in the overview table, most recent first
+CATEGORY_POINTS = 200  # inventories read for the category and leak plots (more than a plot has columns)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ class Snapshot:
     partial: bool = False                            # only the head: the analyses are still loading
     rows_read: int = 0                               # a head read: sample and step rows it covered
     cpu_s: float = 0.0                               # a head read: CPU seconds of its thread
+    categories: CategoryTimeline | None = None       # memory by category over the steps (full read)
+    leak_growth: tuple[LeakGrowth, ...] = ()         # each leak's group over the steps, with its rate
+    marks: tuple[Mark, ...] = ()                     # the peak step, OOMs, evaluations, attach/detach
     inputs: tuple[Any, ...] = ()                     # a head read: what the analyses read (changed: re-read);
                                                      # a new peak too (its breakdown)
 
@@ -233,6 +239,10 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
     bd = breakdown_for(reader, proc, bstep) if bstep is not None and breakdown_steps(reader, proc) else None
 
     suggestions = _guarded(suggest, reader, summary)
+    cats = _guarded(category_timeline, reader, proc, summary.leaks, CATEGORY_POINTS).value
+    growth = _guarded(leak_growth, reader, proc, summary.leaks, CATEGORY_POINTS).value or []
+    run = reader.run()
+    moments = _guarded(marks, reader, proc, summary.peak.step, run["started"] if run else None).value or []
 
     return Snapshot(
         summary=summary, timeline=Timeline(proc, None, 0.0, 0.0, 0.0, 0), extra_series=[],
@@ -243,7 +253,7 @@ def _rest(reader: RunReader, summary: RunSummary, sel: Selection, steps: int) ->
         breakdown_steps=done, breakdown=bd, fragmentation=fragmentation(reader, proc),
         oom_advice=advice(summary.oom) if summary.oom is not None else [],
         suggestions=suggestions, ranks=summary.ranks, imbalance=rank_imbalance(summary.ranks),
-        read_s=0.0)
+        read_s=0.0, categories=cats, leak_growth=tuple(growth), marks=tuple(moments))
 
 
 def _guarded(fn: Any, *args: Any) -> Part:

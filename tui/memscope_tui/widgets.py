@@ -185,15 +185,17 @@ def state_line(parts: list[tuple[str, str]], width: int, squeeze: int | None = N
 
 
 class StepRuler(Widget):
-    """One line under the plot: a tick where each step ended, the time span at the ends."""
+    """One line under the plot, aligned with its area (``indent`` cells from the left): a tick
+    where each step ended within ``span``."""
 
     DEFAULT_CSS = "StepRuler { height: 1; }"
 
     marks: reactive[tuple[StepMark, ...]] = reactive(tuple)
     span: reactive[tuple[float, float]] = reactive((0.0, 0.0))
+    indent: reactive[int] = reactive(0)
 
     def render(self) -> Text:
-        width = self.size.width
+        width = self.size.width - self.indent
         if width <= 0:
             return Text()
         t0, t1 = self.span
@@ -202,11 +204,8 @@ class StepRuler(Widget):
             for m in self.marks:
                 if t0 <= m.end <= t1:
                     cells[min(int((m.end - t0) / (t1 - t0) * width), width - 1)] = "╵"
-        left, right_ = f"{t0:.1f}s ", f" {t1:.1f}s"
-        text = Text("".join(cells), style="dim")
-        if len(left) + len(right_) < width:
-            text = Text(left, style="dim") + text[len(left):width - len(right_)] + Text(right_, style="dim")
-        return text
+        lead = "steps".rjust(self.indent - 1)[:max(self.indent - 1, 0)] + " " if self.indent > 1 else ""
+        return Text(lead + "".join(cells), style="dim")
 
 
 class SelectionChanged(Message):

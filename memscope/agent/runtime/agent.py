@@ -323,6 +323,11 @@ class Agent:
         """Attached to a running process: the first step boundary was seen, step 0 begins."""
         self._layers_next(0)
 
+    def __repr__(self) -> str:
+        """What a notebook cell shows for ``memscope.start(...)`` (and ``profile(...) as rec``)."""
+        state = f"recording, step {self.current_step}" if self.running else "stopped"
+        return f"<memscope {state} into {self.db!r}; memscope.load({self.db!r}) reads it>"
+
     # -- the collectors' interface (memscope.agent.collectors.host.CollectorHost) -------------------------
 
     @property

@@ -1,4 +1,12 @@
-"""The Python API behind ``memscope.start/stop/step/profile``: one agent per process."""
+"""The Python API behind ``memscope.start/stop/step/profile``: one agent per process.
+
+In scripts and notebooks alike: ``name=`` names the run (a ``run_name`` event, as the framework
+callbacks record it); a path this process already recorded into is not an error (a notebook cell
+run again) but the next numbered file, said in one line; ``start()`` while recording says which
+file records. Inside a Jupyter kernel the run is named after the notebook (or "notebook"), not
+after ``ipykernel_launcher.py -f /tmp/kernel-....json``. An error is one line in a notebook
+(:class:`ApiError`: IPython shows ``_render_traceback_`` instead of a traceback).
+"""
 
 from __future__ import annotations
 
@@ -13,32 +21,95 @@ from typing import Any, Iterator
 from memscope.agent.runtime.config import ENV_DB, AgentOptions
 from memscope.agent.runtime.agent import Agent
 from memscope.store.runs import create_run, default_db_path, prepare_path
+from memscope.store.schema import RunFileError
 
 _agent: Agent | None = None
 _lock = threading.Lock()
+_recorded: list[str] = []  # run files this process created, in order (memscope.load() reads the last)
+
+
+class ApiError(RunFileError):
+    """A run file the API cannot record into: one line in IPython (no traceback), a
+    RunFileError everywhere else."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"memscope: error: {self}"]
 
 
 def current() -> Agent | None:
     return _agent if _agent is not None and _agent.running else None
 
 
-def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
+def last_recorded() -> str | None:
+    """The run file this process recorded into last (None: none yet)."""
+    return _recorded[-1] if _recorded else None
+
+
+def start(db: str | None = None, force: bool = False, name: str | None = None, **options: Any) -> Agent:
     if db is None and os.environ.get(ENV_DB) and current() is None:
         # under memscope attach (a process the bootstrap did not arm: a spawned child that
         # trains): join attach's run file as one more process
         return start_from_env(**options)
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"name must be a string, not {name!r}")
     global _agent
     with _lock:
         if _agent is not None and _agent.running:
+            if db is not None and os.path.abspath(db) != os.path.abspath(_agent.db):
+                print(f"memscope: warning: already recording into {_agent.db}; {db} was not started "
+                      "(memscope.stop() first to record into another file)", file=sys.stderr)
             return _agent
         opts = AgentOptions.from_mapping(options)
-        path = db or default_db_path(sys.argv)
-        prepare_path(path, force, force_word="force=True")
-        create_run(path, [sys.executable, *sys.argv])
+        kernel = in_kernel()
+        path = db or default_db_path([kernel] if kernel else sys.argv)
+        if not force:
+            path = _next_free(path)
+        try:
+            prepare_path(path, force, force_word="force=True")
+            create_run(path, [sys.executable, "-m", "ipykernel_launcher"] if kernel else [sys.executable, *sys.argv])
+        except RunFileError as exc:
+            raise ApiError(str(exc)) from None
+        _recorded.append(os.path.abspath(path))
         _agent = Agent(path, opts, owns_run=True)
         _agent.start()
+        run_name = name if name is not None else kernel
+        if run_name:
+            _agent.event("run_name", run_name, {"name": run_name, "source": "api" if name is not None else "kernel"})
         atexit.register(stop)
         return _agent
+
+
+def _next_free(path: str) -> str:
+    """``path``, or when this process recorded into it already (a notebook cell run again), the
+    next numbered name (``nb.db`` -> ``nb-2.db``), said in one line. A file this process did not
+    make is left to prepare_path (refused without force=True)."""
+    if os.path.abspath(path) not in _recorded or not os.path.lexists(path):
+        return path
+    stem, ext = os.path.splitext(path)
+    n = 2
+    while os.path.lexists(f"{stem}-{n}{ext}"):
+        n += 1
+    new = f"{stem}-{n}{ext}"
+    print(f"memscope: {path} holds this session's earlier run: recording into {new}", file=sys.stderr)
+    return new
+
+
+def in_kernel() -> str | None:
+    """Inside a Jupyter (IPython) kernel: the notebook's name when the front end says it
+    (Jupyter Server's JPY_SESSION_NAME, VS Code's __vsc_ipynb_file__), else "notebook"; None
+    outside a kernel."""
+    if "ipykernel" not in sys.modules or not os.path.basename(sys.argv[0] if sys.argv else "").startswith(
+            ("ipykernel", "ipykernel_launcher")):
+        return None
+    where = os.environ.get("JPY_SESSION_NAME") or ""
+    if not where:
+        try:
+            shell = sys.modules["IPython"].get_ipython()
+            where = str(shell.user_ns.get("__vsc_ipynb_file__") or "")
+        except Exception:
+            where = ""
+    stem = os.path.splitext(os.path.basename(where))[0]
+    return stem or "notebook"
 
 
 def start_from_env(**options: Any) -> Agent:
@@ -73,8 +144,8 @@ def step() -> None:
 
 
 @contextmanager
-def profile(db: str | None = None, **options: Any) -> Iterator[Agent]:
-    agent = start(db, **options)
+def profile(db: str | None = None, name: str | None = None, **options: Any) -> Iterator[Agent]:
+    agent = start(db, name=name, **options)
     try:
         yield agent
     finally:

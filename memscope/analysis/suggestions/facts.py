@@ -14,6 +14,7 @@ from memscope.analysis.oom import ABSURD_REQUEST, demand
 from memscope.analysis.oom_limits import attention_scores
 from memscope.analysis.summary import RunSummary
 from memscope.store.reader import RunReader
+from memscope.units import human_bytes
 
 ACTIVATION_SHARE = 0.30  # activations at least this share of the tensors: checkpointing, accumulation
 OPTIMIZER_SHARE = 0.25  # optimizer state at least this share: lighter optimizer, offload
@@ -258,12 +259,8 @@ def _ndim(shape: Any) -> int:
 
 
 def _b(n: int | float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+    """Bytes in the one unit style of every text output (memscope.units.human_bytes)."""
+    return human_bytes(n)
 
 
 # class names of transformers' PreTrainedModel heads (and peft's wrappers around them)

@@ -10,13 +10,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
+from memscope.analysis.categories import CategoryTimeline
 from memscope.analysis.views import BREAKDOWN_PARTS
 from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
+from memscope_tui.plot import Bars, Figure, Plot
 from memscope_tui.views import View
 from memscope_tui.widgets import SelectionChanged, bar, fill_table, keep_figures, right
 
 PARTS = (*BREAKDOWN_PARTS, "other")
+PART_COLORS = {"parameters": "blue", "gradients": "yellow", "optimizer_state": "green", "activations": "magenta",
+               "other": "bright_black"}
+LEAK_COLORS = ["red", "bright_red"]
 
 
 class BreakdownView(View):
@@ -28,6 +33,8 @@ class BreakdownView(View):
     ]
 
     def compose(self) -> ComposeResult:
+        yield Static("", id="category-caption", classes="caption")
+        yield Plot(id="category-plot")
         yield Static("", id="breakdown-caption", classes="caption")
         yield DataTable(id="breakdown-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="fragmentation")
@@ -38,6 +45,7 @@ class BreakdownView(View):
         peak = snap.summary.peak
         at_peak = peak.breakdown
         bd = snap.breakdown
+        self._show_categories(snap)
         caption = self.query_one("#breakdown-caption", Static)
         if at_peak is None and bd is None:
             caption.update(Text("no breakdown yet: it is measured in profiled steps", style="dim"))
@@ -77,6 +85,22 @@ class BreakdownView(View):
                 f"; inactive split blocks {human_bytes(frag.inactive_split)}"
                 f"; allocator retries {frag.alloc_retries if frag.alloc_retries is not None else '-'}"), wide))
 
+    def _show_categories(self, snap: Snapshot) -> None:
+        cats = snap.categories
+        caption = self.query_one("#category-caption", Static)
+        plot = self.query_one("#category-plot", Plot)
+        has = cats is not None and bool(cats.points)
+        plot.display = has
+        if cats is None or not cats.points:
+            caption.update(Text("by category over the steps: no tensor inventory or profiled step yet", style="dim"))
+            plot.figure = None
+            return
+        moment = "tensors at inventoried steps' ends" if cats.at == "end" else "at profiled steps' peaks"
+        unstacked = "" if "other" in cats.stack else f" · other ({cats.metric_label}) not stacked"
+        caption.update(keep_figures(Text.assemble(("by category over the steps", "bold"), f" · {moment}{unstacked}"),
+                                    self.text_width()))
+        plot.figure = category_figure(cats)
+
     def action_step(self, delta: int) -> None:
         snap = self.snap
         if snap is None or snap.breakdown is None or not snap.breakdown_steps:
@@ -85,3 +109,14 @@ class BreakdownView(View):
         i = steps.index(snap.breakdown.step) + delta if snap.breakdown.step in steps else len(steps) - 1
         if 0 <= i < len(steps):
             self.post_message(SelectionChanged(breakdown_step=steps[i]))
+
+
+def category_figure(cats: CategoryTimeline) -> Figure:
+    """Stacked bars, one per category point, in the model's stack order (a leak: "leak N")."""
+    parts = []
+    for key in cats.stack:
+        label = f"leak {int(key[5:]) + 1}" if key.startswith("leak:") else cats.labels.get(key, key)
+        color = (LEAK_COLORS[int(key[5:]) % len(LEAK_COLORS)] if key.startswith("leak:")
+                 else PART_COLORS.get(key, "white"))
+        parts.append((label, color, [float(p.parts.get(key, 0)) for p in cats.points]))
+    return Figure("step", bars=Bars([float(p.step) for p in cats.points], parts))

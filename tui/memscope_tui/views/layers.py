@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,11 +13,11 @@ from textual.widgets import DataTable, Static
 from memscope.analysis.hotspots import Hotspot, compiled_note
 from memscope.display import shown
 from memscope.names import module_label
-from memscope.units import short_bytes
+from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import (SelectionChanged, bar, fill_table, fit_columns, keep_figures, plain, right,
-                                   shorten_cells, table_room)
+from memscope_tui.widgets import (BAR_CELLS, SelectionChanged, bar, cell_text, fill_table, fit_columns, keep_figures,
+                                   plain, right, shorten_cells, table_room)
 
 # sort keys, cycled with s: (label, key function, the column it sorts by)
 SORTS: list[tuple[str, Any, str]] = [
@@ -29,9 +30,11 @@ SORTS: list[tuple[str, Any, str]] = [
 COLUMNS = [("module", "module"), ("type", "type"), ("saved", "act"), ("share", "share"),
            ("", "bar"), ("output", "out"), ("fwd ms", "time"), ("bwd ms", "btime"),
            ("calls", "calls")]
-# columns dropped first when the terminal is narrow (80x24): the bar, then calls...; the column
-# the table is sorted by is always kept, and so are saved and share (not in this list)
-OPTIONAL = ["time", "btime", "out", "calls", "bar"]
+# columns dropped first when the terminal is narrow (80x24): calls, then output...; the column
+# the table is sorted by is always kept, and so are saved and share (not in this list). The bar
+# is wanted most: the view is a bar chart of the modules' saved bytes, and takes the room left.
+OPTIONAL = ["bar", "time", "btime", "out", "calls"]
+BAR_MAX = 60  # cells the bar grows to on a wide terminal
 # narrowed before any column is dropped: fewest cells (a long name is shortened from the middle;
 # the detail line under the table shows the highlighted row's full name and every figure)
 SHRINK = {"module": 30, "type": 10}
@@ -81,8 +84,14 @@ class LayersView(View):
         self.by_key = {h.module: h for h in spots}
         priority = [column] + [c for c in OPTIONAL if c != column]
         table = self.query_one("#layer-table", DataTable)
-        picked, narrow = fit_columns(COLUMNS, [cells for _, cells in rows],
-                                     table_room(table, self.size.width or 80), priority, SHRINK)
+        room = table_room(table, self.size.width or 80)
+        picked, narrow = fit_columns(COLUMNS, [cells for _, cells in rows], room, priority, SHRINK)
+        bar_at = [k for _, k in COLUMNS].index("bar")
+        if bar_at in picked and not narrow:  # the bars take the room the other columns leave
+            used = sum(max([cell_len(COLUMNS[i][0])] + [cell_len(cell_text(c[i])) for _, c in rows]) + 2
+                       for i in picked)
+            wide = min(BAR_CELLS + max(room - used, 0), BAR_MAX)
+            rows = [(k, [*c[:bar_at], bar(h.share, wide), *c[bar_at + 1:]]) for (k, c), h in zip(rows, spots)]
         fill_table(table, [COLUMNS[i] for i in picked],
                    [(k, [cells[i] for i in picked]) for k, cells in
                     ((k, shorten_cells(cells, narrow)) for k, cells in rows)], self.drawn, "layers")
@@ -138,8 +147,8 @@ def detail_text(h: Hotspot) -> Text:
     if h.type:
         text.append(f" ({shown(h.type)})")
     bwd = "-" if h.backward_s is None else f"{h.backward_s * 1000:.1f} ms"
-    text.append(f"\nsaved {short_bytes(h.activation_bytes)} ({h.share:.0%}) · output "
-                f"{short_bytes(h.output_bytes)} · fwd {h.forward_s * 1000:.1f} ms · bwd {bwd} · "
+    text.append(f"\nsaved {human_bytes(h.activation_bytes)} ({h.share:.0%}) · output "
+                f"{human_bytes(h.output_bytes)} · fwd {h.forward_s * 1000:.1f} ms · bwd {bwd} · "
                 f"{h.calls} call{'s' if h.calls != 1 else ''}")
     if note := compiled_note([h], shown):
         text.append(f"\n{note}", style="dim")
@@ -148,7 +157,7 @@ def detail_text(h: Hotspot) -> Text:
 
 def _cells(h: Hotspot) -> list[Any]:
     name = "(model)" if h.module == "" else h.module  # its type is in the next column
-    return [plain(name), plain(h.type or ""), right(short_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
-            bar(h.share), right(short_bytes(h.output_bytes)), right(f"{h.forward_s * 1000:.1f}"),
+    return [plain(name), plain(h.type or ""), right(human_bytes(h.activation_bytes)), right(f"{h.share:.0%}"),
+            bar(h.share), right(human_bytes(h.output_bytes)), right(f"{h.forward_s * 1000:.1f}"),
             right("-" if h.backward_s is None else f"{h.backward_s * 1000:.1f}"),  # None: no backward ran
             right(str(h.calls))]

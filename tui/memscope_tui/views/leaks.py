@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Callable
 
 from rich.text import Text
@@ -14,6 +15,7 @@ from memscope.analysis.summary import RunSummary
 from memscope.units import human_bytes
 from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
+from memscope_tui.plot import Curve, Figure, Plot
 from memscope_tui.views import View, matches
 from memscope_tui.widgets import (SelectionChanged, fill_table, fit_columns, keep_figures, plain, right,
                                    shorten_cells, table_room)
@@ -80,7 +82,8 @@ def verdict_text(summary: RunSummary, inventoried: int,
         rest = len(summary.leaks) - i - 1
         if height(line) + (1 if rest else 0) > room:
             left = len(summary.leaks) - i
-            leaks.append(Text(f"+{left} more leak{'s' if left > 1 else ''}: memscope leaks RUN.db lists all",
+            leaks.append(Text(f"+{left} more leak{'s' if left > 1 else ''}: "
+                              f"memscope leaks {shown(shlex.quote(summary.path))} lists all",
                               style="bold red"))
             break
         leaks.append(line)
@@ -104,6 +107,7 @@ class LeaksView(View):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="verdicts")
+        yield Plot(id="leak-plot")
         yield Static("", id="diff-caption", classes="caption")  # wraps to two lines at 80 columns
         yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
         yield Static("", id="diff-detail", classes="caption")
@@ -114,6 +118,9 @@ class LeaksView(View):
         self.query_one("#verdicts", Static).update(keep_figures(verdict_text(
             snap.summary, len(snap.inventory_steps), lambda text: len(keep_figures(text, wide).split("\n"))),
             wide))
+        plot = self.query_one("#leak-plot", Plot)
+        plot.display = bool(snap.leak_growth)
+        plot.figure = leak_figure(snap) if snap.leak_growth else None
         caption = self.query_one("#diff-caption", Static)
         if snap.diff_from is None or snap.diff_to is None:
             caption.update("")
@@ -161,6 +168,24 @@ class LeaksView(View):
         if 0 <= i < len(steps):
             pair = {"diff_from": snap.diff_from, "diff_to": snap.diff_to, which: steps[i]}
             self.post_message(SelectionChanged(**pair))
+
+
+LEAK_COLORS = ["red", "magenta", "yellow", "cyan"]
+FIT_COLOR = "bright_black"  # the verdict's rate, dashed over the group's own line
+
+
+def leak_figure(snap: Snapshot) -> Figure:
+    """Each leaking group's bytes at the inventories, and the verdict's fitted rate (dashed) over
+    the steps it grew in."""
+    curves = []
+    for i, g in enumerate(snap.leak_growth):
+        color = LEAK_COLORS[i % len(LEAK_COLORS)]
+        curves.append(Curve(f"leak {i + 1}", [(float(s), float(v)) for s, v in g.points], color))
+        if g.fit is not None:
+            (s0, v0), (s1, v1) = g.fit
+            curves.append(Curve(f"verdict +{human_bytes(g.leak.bytes_per_step)}/step", [(s0, v0), (s1, v1)],
+                                FIT_COLOR, dashed=True))
+    return Figure("step", curves, empty="no inventory holds the leaking groups")
 
 
 def _steps(steps: list[int], first: int) -> str:

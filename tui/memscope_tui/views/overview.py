@@ -9,15 +9,24 @@ from typing import Any, Callable
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from memscope.analysis.summary import RunSummary
 from memscope.analysis.timeline import METRIC_LABELS, Series, StepRow
 from memscope.display import shown, shown_text
 from memscope.units import human_bytes
-from memscope_tui.data import BUCKETS, Snapshot
+from memscope_tui.data import Snapshot
+from memscope_tui.plot import Curve, Figure, Mark, Plot, figure_left
 from memscope_tui.views import View, matches
 from memscope_tui.widgets import StepRuler, fill_table, right
+
+SERIES_COLORS = ["cyan", "yellow", "green", "blue", "bright_black"]
+TENSORS_COLOR = "magenta"
+# the timeline model's marks: (legend word, colour)
+MARK_STYLES = {"peak": ("peak step", "yellow"), "oom": ("OOM", "red"), "evaluation": ("evaluation", "cyan"),
+               "attached": ("attached", "green"), "detached": ("detached", "bright_black")}
+NO_DEVICE = ("a CPU run: host RSS is the only memory metric (CUDA allocated, reserved and NVML views "
+             "need a run on a GPU); the plot also shows the tensors inventories counted")
 
 _STATE_STYLE = {"live": "bold green", "finished": "green", "OOM": "bold red", "failed": "bold red",
                 "killed": "bold yellow", "interrupted": "bold yellow", "abandoned": "bold yellow"}
@@ -99,7 +108,7 @@ class OverviewView(View):
             yield Static(id="device", classes="line")
             yield Static(id="peak", classes="line")
         yield Static("reading run file…", id="caption", classes="line")
-        yield Sparkline([], id="timeline")
+        yield Plot(id="timeline")
         yield StepRuler(id="ruler")
         yield DataTable(id="steps", cursor_type="row", zebra_stripes=True)
 
@@ -116,10 +125,13 @@ class OverviewView(View):
         self._show_steps([r for r in snap.steps if matches(filter_text, r.step, r.status)], cuda)
 
     def next_metric(self, snap: Snapshot) -> str | None:
-        """Switch the plot to the next metric; returns why not when there is no other."""
+        """Put the next metric in front (the caption, drawn last); returns why not when there is
+        no other."""
         names = list(all_series(snap))
         if len(names) < 2:
-            return "only one memory metric in this run" if names else _no_samples(snap)
+            if not names:
+                return _no_samples(snap)
+            return NO_DEVICE if snap.summary.device == "cpu" else "only one memory metric in this run"
         current = self.metric if self.metric in names else names[0]
         self.metric = names[(names.index(current) + 1) % len(names)]
         self.show_timeline(snap)
@@ -132,11 +144,11 @@ class OverviewView(View):
         if series is None:
             series = tl.primary
         caption = self.query_one("#caption", Static)
-        spark = self.query_one("#timeline", Sparkline)
+        plot = self.query_one("#timeline", Plot)
         ruler = self.query_one("#ruler", StepRuler)
         if series is None or not series.points:
             caption.update(_no_samples(snap))
-            spark.data = []
+            plot.figure = None
             ruler.marks, ruler.span = (), (0.0, 0.0)
             return
         line = Text.assemble((shown(series.label), "bold"),
@@ -146,9 +158,11 @@ class OverviewView(View):
         if line.cell_len + len(hint) <= self.text_width():  # the hint goes first (it is in ? help)
             line.append(hint, style="dim")
         caption.update(line)
-        spark.data = series.on_grid(BUCKETS, tl.t0, tl.t1)
+        figure = timeline_figure(snap, series.metric)
+        plot.figure = figure
         ruler.marks = tuple(tl.steps)
-        ruler.span = (tl.t0, tl.t1)
+        ruler.span = figure.x_range or (tl.t0, tl.t1)
+        ruler.indent = figure_left(figure)  # under the plot's area (both have the same margin)
 
     def _show_steps(self, rows: list[StepRow], cuda: bool) -> None:
         columns = [("step", "step"), ("duration", "time"), ("peak RSS", "rss")]
@@ -164,6 +178,26 @@ class OverviewView(View):
             cells.append(Text(shown(r.status), style="" if r.status == "ok" else "bold red"))
             out.append((str(r.step), cells))
         fill_table(self.query_one("#steps", DataTable), columns, out, self.drawn, "steps")
+
+
+def timeline_figure(snap: Snapshot, focus: str | None = None) -> Figure:
+    """Every memory metric over time (``focus`` drawn last, on top), the tensors the inventories
+    counted, and the timeline's marks (the peak step, OOMs, evaluations, attach and detach)."""
+    tl = snap.timeline
+    curves = [Curve(shown(s.label), s.points, SERIES_COLORS[i % len(SERIES_COLORS)])
+              for i, s in enumerate(all_series(snap).values())]
+    focused = [c for c, metric in zip(curves, all_series(snap)) if metric == focus]
+    curves = [c for c in curves if c not in focused] + focused
+    cats = snap.categories
+    if cats is not None and cats.points:
+        tensors = [(p.t, float(p.tensors)) for p in cats.points if p.t is not None]
+        if tensors:
+            curves.insert(0, Curve("tensors" if cats.at == "end" else "tensors at peaks", tensors, TENSORS_COLOR))
+    marks = [Mark(m.t, MARK_STYLES[m.kind][0], MARK_STYLES[m.kind][1], m.end)
+             for m in snap.marks if m.kind in MARK_STYLES]
+    hi = max([tl.t1] + [m.x for m in marks if m.end is None])
+    return Figure("s", curves, marks=marks, x_range=(tl.t0, hi if hi > tl.t0 else tl.t0 + 1.0),
+                  empty=_no_samples(snap))
 
 
 def _no_samples(snap: Snapshot) -> str:
