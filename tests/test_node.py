@@ -252,7 +252,7 @@ async def _until(pilot: Any, check: Any, timeout: float, what: str) -> None:
 async def test_top_view_rows_and_sorting(node_set: dict[str, Any]) -> None:
     from textual.widgets import DataTable
 
-    from memscope.units import short_bytes
+    from memscope.units import human_bytes
     from memscope_tui.top import LiveSource, TopApp
 
     pids = node_set["pids"]
@@ -274,7 +274,7 @@ async def test_top_view_rows_and_sorting(node_set: dict[str, Any]) -> None:
         by_growth = sorted(rows, key=lambda k: (-rows[k].growth_bytes_per_s, rows[k].pid))
         assert order() == by_growth and str(table.columns["growth"].label) == "GROWTH ▼"
         assert cell(pids["idle"], "growth") == "0" and cell(pids["idle"], "recorded") == "-"
-        assert cell(pids["leak"], "rss") == short_bytes(rows[str(pids["leak"])].host_rss_bytes)
+        assert cell(pids["leak"], "rss") == human_bytes(rows[str(pids["leak"])].host_rss_bytes)
         for key in mine:  # a leak suspect's growth is drawn bold red
             growth = table.get_cell(key, "growth")
             assert ("bold red" in str(growth.style)) == rows[key].growing, (key, growth)

@@ -35,7 +35,7 @@ from memscope.node.autoattach import run_file_name
 from memscope.node.monitor import Monitor, ProcessRow, Snapshot
 from memscope.node.procs import alive
 from memscope.node.target import open_run_files
-from memscope.units import short_bytes
+from memscope.units import human_bytes
 from memscope_tui.widgets import fill_table, plain, right, state_line
 
 # (label, key function, column key): cycled with s, most important first
@@ -396,19 +396,19 @@ class TopApp(App[int]):
 
 
 def _cells(r: ProcessRow, snap: Snapshot) -> list[Any]:
-    growth = f"+{short_bytes(r.growth_bytes_per_s)}/s" if r.growth_bytes_per_s >= 1 else "0"
+    growth = f"+{human_bytes(r.growth_bytes_per_s)}/s" if r.growth_bytes_per_s >= 1 else "0"
     growth_cell = Text(growth, style="bold red" if r.growing else "", justify="right")
     if r.gpu_by_device is None:
         gpu: Any = plain("-" if snap.gpu_why else "?")
     else:
-        gpu = plain(" ".join(f"{i}:{short_bytes(b)}" for i, b in sorted(r.gpu_by_device.items()) if b) or "0")
+        gpu = plain(" ".join(f"{i}:{human_bytes(b)}" for i, b in sorted(r.gpu_by_device.items()) if b) or "0")
     if r.run_file:
         rec = r.recorded.words if r.recorded is not None else "recorded"
         if r.recorded is not None and r.recorded.steps_per_s:
             rec = f"{r.recorded.steps_per_s:.1f} st/s · {rec}"
     else:
         rec = "-"
-    return [right(str(r.pid)), plain(r.user, 12), right(short_bytes(r.host_rss_bytes)), growth_cell, gpu,
+    return [right(str(r.pid)), plain(r.user, 12), right(human_bytes(r.host_rss_bytes)), growth_cell, gpu,
             plain(rec, 48), plain(r.command, 200)]
 
 
