@@ -125,16 +125,30 @@ def level_series(reader: "RunReader", proc: int) -> tuple[str, list[tuple[int, i
 
 def steady_growth(levels: list[tuple[int, int]]) -> tuple[float, int, int] | None:
     """(bytes per step, first step, last step) of a steady rise of the lower envelope, or None."""
-    pts = [p for p in levels if p[0] >= WARMUP_STEPS]
-    if len(pts) < MIN_STEPS:
-        return None
-    env = [0] * len(pts)
-    low = None
-    for i in range(len(pts) - 1, -1, -1):
-        low = pts[i][1] if low is None else min(low, pts[i][1])
+    found = steady_rise([p for p in levels if p[0] >= WARMUP_STEPS])
+    return None if found is None else (found[0], int(found[1]), int(found[2]))
+
+
+def lower_envelope(levels: Sequence[int]) -> list[int]:
+    """At each point, the lowest level of any later point: what the process never gives back."""
+    env = [0] * len(levels)
+    low: int | None = None
+    for i in range(len(levels) - 1, -1, -1):
+        low = levels[i] if low is None else min(low, levels[i])
         env[i] = low
-    cuts = quarter_cuts(len(pts))
-    return _steady([pts[c][0] for c in cuts], [env[c] for c in cuts])
+    return env
+
+
+def steady_rise(points: Sequence[tuple[float, int]], min_rate: float = MIN_RATE, min_total: int = MIN_TOTAL,
+                min_points: int = MIN_STEPS) -> tuple[float, float, float] | None:
+    """The rule on ``points`` (x, level) in increasing x: steps here, seconds for the node's
+    samples (memscope.node.growth, with its own floors per second). (bytes per x, first x, last
+    x) of a steady rise of the lower envelope over at least ``min_points`` points, or None."""
+    if len(points) < min_points:
+        return None
+    env = lower_envelope([p[1] for p in points])
+    cuts = quarter_cuts(len(points))
+    return _steady([points[c][0] for c in cuts], [env[c] for c in cuts], min_rate, min_total)
 
 
 def quarter_cuts(n: int) -> list[int]:
@@ -181,7 +195,8 @@ def steady_growth_of(reader: "RunReader", proc: int) -> tuple[str, tuple[float, 
     return metric, _steady([at[i][0] for i in range(len(at))], [at[i][1] for i in range(len(at))])
 
 
-def _steady(steps: list[int], vals: list[int]) -> tuple[float, int, int] | None:
+def _steady(steps: Sequence[float], vals: list[int], min_rate: float = MIN_RATE,
+            min_total: int = MIN_TOTAL) -> tuple[float, Any, Any] | None:
     """The verdict from the lower envelope ``vals`` at the quarter cuts ``steps``."""
     if any(b <= a for a, b in zip(vals, vals[1:])) or any(b <= a for a, b in zip(steps, steps[1:])):
         return None
@@ -194,7 +209,7 @@ def _steady(steps: list[int], vals: list[int]) -> tuple[float, int, int] | None:
         return None
     total = vals[-1] - vals[0]
     rate = total / (steps[-1] - steps[0])
-    if rate < MIN_RATE or total < MIN_TOTAL:
+    if rate < min_rate or total < min_total:
         return None
     return rate, steps[0], steps[-1]
 
@@ -246,11 +261,17 @@ def few_jumps(reader: "RunReader", proc: int, metric: str, first: int, last: int
         f"SELECT d FROM (SELECT {column} - lag({column}) OVER (ORDER BY step) AS d FROM steps"
         f" WHERE proc = ? AND status = 'ok' AND {column} IS NOT NULL AND step >= ? AND step <= ?)"
         " WHERE d > 0 ORDER BY d DESC LIMIT ?", (proc, first, last, JUMPS))
-    top = sum(int(r[0]) for r in rows)
+    rises = [int(r[0]) for r in rows]
     ends = reader.rows(f"SELECT {column} FROM steps WHERE proc = ? AND status = 'ok' AND {column} IS NOT NULL"
                        " AND step IN (?, ?) ORDER BY step", (proc, first, last))
     levels = [int(r[0]) for r in ends]
-    total = levels[-1] - levels[0] if len(levels) == 2 else 0
+    return mostly_jumps(rises, levels[-1] - levels[0] if len(levels) == 2 else 0)
+
+
+def mostly_jumps(rises: Sequence[int], total: int) -> bool:
+    """Whether the ``JUMPS`` largest of the point-to-point ``rises`` make at least ``JUMP_SHARE``
+    of the ``total`` rise (a heap growing in a few jumps while it warms up, not a leak)."""
+    top = sum(sorted((r for r in rises if r > 0), reverse=True)[:JUMPS])
     return total > 0 and top >= JUMP_SHARE * total
 
 

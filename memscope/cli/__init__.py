@@ -15,9 +15,9 @@ from memscope.display import guarded_stdout, safe_lines, shown_text
 from memscope.store.schema import RunFileError
 
 # commands whose stdout is data for another program (export -, report --html -, any --json), or
-# not ours (tui draws on the terminal itself); every other text command prints through
+# not ours (tui and top's live view draw on the terminal themselves); every other text command prints through
 # memscope.display's guard
-_RAW_STDOUT = {"export", "tui"}
+_RAW_STDOUT = {"export", "tui", "top"}
 
 # command -> its module under memscope.cli, imported only when that command runs (or for
 # --help): `attach` starts the user's training, and every module imported before it is wall time
@@ -37,6 +37,8 @@ COMMANDS = {
     "export": "export",
     "merge": "merge",
     "diff": "diff",
+    "top": "top",
+    "daemon": "daemon",
 }
 
 

@@ -16,7 +16,8 @@ HELP = "summarise a run file (text, or the memscope.report/1 JSON document)"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("db", metavar="RUN.db", help="run file written by memscope attach")
+    parser.add_argument("db", metavar="RUN.db",
+                        help="run file written by memscope attach (or a node file of memscope daemon)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--html", metavar="OUT.html",
                         help="also write a self-contained HTML report (memory chart, hotspots, leaks,"
@@ -26,6 +27,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.html == "-" and args.json:
         raise CliError("report: --html - and --json cannot both write to stdout")
+    from memscope.node.nodefile import is_node_file
+
+    if is_node_file(args.db):  # what memscope daemon saw on a node
+        return _node_report(args)
     with RunReader(args.db) as reader:
         summary = summarize(reader)
         if args.html:
@@ -46,3 +51,16 @@ def _write_html(reader: RunReader, summary: RunSummary, path: str) -> None:
         f.write(page)
     if path != "-":
         print(f"memscope: wrote {path} ({len(page.encode()) // 1024} KiB)", file=sys.stderr)
+
+
+def _node_report(args: argparse.Namespace) -> int:
+    from memscope.node.nodereader import NodeReader
+    from memscope.node.report import render_node, summarize_node
+
+    if args.html:
+        raise CliError(f"report: --html is for run files; {args.db} is a node file (memscope daemon): "
+                       "report it as text or --json")
+    with NodeReader(args.db) as reader:
+        summary = summarize_node(reader)
+    print(json.dumps(summary.as_json(), indent=2) if args.json else render_node(summary))
+    return 0

@@ -28,13 +28,25 @@ _INSTALL = ("the dashboard is not installed: pip install memscope-tui "
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("db", metavar="RUN.db", help="run file, finished or still being written")
+    parser.add_argument("db", metavar="RUN.db", help="run file, finished or still being written (or a node "
+                        "file of memscope daemon: the top view of what it saw)")
     # set by `memscope attach`: q leaves the training running, ctrl+c interrupts it
     parser.add_argument("--attached", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--attached-pid", action="store_true", help=argparse.SUPPRESS)  # attach --pid
 
 
 def run(args: argparse.Namespace) -> int:
+    from memscope.node.nodefile import is_node_file
+
+    if is_node_file(args.db):  # a daemon's node file: the top view, on what it saw
+        from memscope.node.nodereader import NodeReader
+
+        NodeReader(args.db).close()  # a bad file fails here with one line
+        try:
+            top = importlib.import_module("memscope_tui.top")
+        except ImportError:
+            raise CliError(_INSTALL) from None
+        return int(top.run_top_file(args.db))
     RunReader(args.db).close()  # a bad file fails here with one line, before any UI starts
     try:
         data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import stat
 from dataclasses import dataclass, field
 
 from memscope.store.runs import is_run_file
@@ -98,21 +99,36 @@ def torch_loaded(maps: str) -> bool:
     return any(lib in maps for lib in _TORCH_LIBS)
 
 
-def open_run_files(pid: int) -> list[str]:
-    """The memscope run files ``pid`` holds open (its agent's connection), by /proc/PID/fd."""
+def open_run_files(pid: int, seen: dict[tuple[int, int, int, int], bool] | None = None) -> list[str]:
+    """The memscope run files ``pid`` holds open (its agent's connection), by /proc/PID/fd.
+
+    Only regular files are opened to read their header: opening a FIFO the process holds would
+    block until someone writes to it (a device file may do anything). ``seen``: what earlier calls
+    found of each file, unchanged since ((st_dev, st_ino, st_size, st_mtime_ns) -> a run file or
+    not), so a process with thousands of open files (a dataset) costs a stat each, not an open and
+    a read, on every look."""
     found: list[str] = []
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return found
     for fd in fds:
+        link = f"/proc/{pid}/fd/{fd}"
         try:
-            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            path = os.readlink(link)
+            st = os.stat(link)
         except OSError:
             continue
-        if not path.startswith("/") or path.endswith(("-wal", "-shm", "-journal")) or path in found:
+        if (not path.startswith("/") or path.endswith(("-wal", "-shm", "-journal")) or path in found
+                or not stat.S_ISREG(st.st_mode)):
             continue
-        if is_run_file(f"/proc/{pid}/fd/{fd}"):
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        known = seen.get(key) if seen is not None else None
+        if known is None:
+            known = is_run_file(link)
+            if seen is not None:
+                seen[key] = known
+        if known:
             found.append(path)
     return found
 

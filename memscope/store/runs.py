@@ -22,13 +22,19 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 def is_run_file(path: str) -> bool:
     """A regular file whose SQLite header carries memscope's application id."""
+    return application_id(path) == APPLICATION_ID
+
+
+def application_id(path: str) -> int | None:
+    """The application id in the SQLite header of the file at ``path`` (None: not SQLite)."""
     try:
         with open(path, "rb") as f:
             head = f.read(100)
     except OSError:
-        return False
-    return (len(head) == 100 and head.startswith(_SQLITE_MAGIC)
-            and int.from_bytes(head[68:72], "big") == APPLICATION_ID)
+        return None
+    if len(head) != 100 or not head.startswith(_SQLITE_MAGIC):
+        return None
+    return int.from_bytes(head[68:72], "big")
 
 
 def prepare_path(path: str, force: bool, force_word: str = "--force") -> None:
