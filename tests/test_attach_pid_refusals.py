@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -123,27 +124,47 @@ def test_blocked_target_is_left_running_untouched(tmp_path: Path) -> None:
         debuggers.choose("auto")
     except debuggers.InjectError as exc:
         pytest.fail(f"no debugger can inject here: {exc} (make test-deps installs lldb)")
+    fifo = tmp_path / "unblock"
+    os.mkfifo(fifo)
     target = subprocess.Popen([sys.executable, str(SCRIPTS / "attach_target.py"), "--steps", "20",
-                               "--block-at", "0", "--block-s", "25"], stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT)
+                               "--block-at", "0", "--block-fifo", str(fifo)], stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT)
     assert target.stdout is not None
     assert target.stdout.readline().strip() == "at step 0"
+    # ^C to the attach command while it injects: the debugger is stopped, the target let go
+    interrupted = subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--pid", str(target.pid),
+                                    "--headless", "--db", str(tmp_path / "int.db")], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    interrupted.send_signal(signal.SIGINT)
+    _out, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == 130 and "Traceback" not in err, err
+    assert not (tmp_path / "int.db").exists()
+    assert _tracer(target.pid) == 0 and target.poll() is None
     db = tmp_path / "blocked.db"
-    began = time.time()
     out = memscope("attach", "--pid", str(target.pid), "--headless", "--db", str(db),
                    "--attach-timeout", "2")
-    waited = time.time() - began
+    assert target.poll() is None, (target.returncode, out.stderr)
     _one_line(out, f"pid {target.pid} did not reach a point where Python runs within 2 s",
               "left it running and cancelled its bootstrap", said=1)
     assert not db.exists()
     assert target.poll() is None  # still running (blocked), not killed
-    assert _queued_texts(target.pid) == [b"#xec("]  # the one queued line, now a comment
-    assert waited < 25  # the command gave up while the target was still blocked
+    queued = _queued_texts(target.pid)  # the interrupted attach's too, if it got that far
+    assert queued and set(queued) == {b"#xec("}  # every queued line is a comment now
+    with open(fifo, "wb") as unblock:  # the C call returns: the training goes on
+        unblock.write(b"x")
     rest, _ = target.communicate(timeout=120)
     assert target.returncode == 0
     state = json.loads(rest.split("STATE ", 1)[1])
     assert state["memscope_imported"] is False
     assert not any("memscope" in t for t in state["threads"])
+
+
+def _tracer(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    return -1
 
 
 def _queued_texts(pid: int) -> list[bytes]:
@@ -192,3 +213,25 @@ def test_pending_call_guards(tmp_path: Path) -> None:
     assert rows and "no-such-boot.py" in rows[0][0]
     neutral = "#" + line.decode()[1:]
     exec(neutral, {})  # noqa: S102 - a comment: runs nothing, raises nothing
+
+
+def test_another_memscope_in_the_target_is_refused(tmp_path: Path) -> None:
+    """The bootstrap as the injected thread runs it, in a process that imported another memscope
+    (another version, from another place): it refuses in one line, before importing anything."""
+    from memscope.node.bootstrap_text import BOOT_FILE, ROOT as HERE
+
+    other = tmp_path / "site" / "memscope"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    db = tmp_path / "v.db"
+    create_run(str(db), ["python", "x.py"])
+    st = os.stat(db)
+    args = {"db": str(db), "db_id": [st.st_dev, st.st_ino], "root": HERE, "version": "0.1.0"}
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import memscope; "
+            "exec(compile(open(sys.argv[2]).read(), sys.argv[2], 'exec'), {'ARGS': json.loads(sys.argv[3])})")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site"), BOOT_FILE, json.dumps(args)],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == (f"RuntimeError: this process already imported memscope 0.0.1 from {tmp_path / 'site'}; "
+                    f"the command is memscope 0.1.0 from {HERE}: attach with that one"), out.stderr

@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -77,6 +78,14 @@ class InjectError(Exception):
     """Why the bootstrap could not be put into the process: one line."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """^C while the debugger ran; it was stopped, and what it printed is kept."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self.output = output
+
+
 @dataclass
 class Injected:
     debugger: str
@@ -102,17 +111,45 @@ def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
+    except KeyboardInterrupt:
+        # ^C to memscope: the debugger (in its own session, it saw none) is let finish, never
+        # killed: killed between saving a thread's registers and restoring them, it would leave
+        # that thread running from the middle of a function call. Each of its calls is bounded.
+        sys.stderr.write("memscope: interrupted; letting the debugger finish with the process first "
+                         "(it restores the thread it stopped)\n")
+        raise Interrupted(_finish(proc, timeout)) from None
     except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGINT, 10.0), (signal.SIGTERM, 5.0)):
+        return -1, _stop(proc, timeout)
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    """Wait for a debugger to end by itself (bounded), whatever more ^C come meanwhile."""
+    until = time.monotonic() + timeout
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, until - time.monotonic()))
+            return out or ""
+        except KeyboardInterrupt:
+            continue
+        except subprocess.TimeoutExpired:
+            return _stop(proc, timeout)
+
+
+def _stop(proc: subprocess.Popen[str], timeout: float) -> str:
+    """End a debugger stuck past its bound: SIGINT first (an inferior call is unwound, the
+    registers restored; it then detaches), then SIGTERM, then SIGKILL, each after a grace."""
+    for sig, grace in ((signal.SIGINT, 10.0), (signal.SIGTERM, 5.0)):
+        try:
             proc.send_signal(sig)
-            try:
-                out, _ = proc.communicate(timeout=grace)
-                return -1, (out or "") + f"\n(memscope: the debugger ran past {timeout:.0f} s)"
-            except subprocess.TimeoutExpired:
-                continue
-        proc.kill()
-        out, _ = proc.communicate()
-        return -1, (out or "") + f"\n(memscope: the debugger ran past {timeout:.0f} s and was killed)"
+            out, _ = proc.communicate(timeout=grace)
+            return (out or "") + f"\n(memscope: the debugger was stopped after {timeout:.0f} s or a ^C)"
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:  # a second ^C: on to the next signal
+            continue
+    proc.kill()
+    out, _ = proc.communicate()
+    return (out or "") + "\n(memscope: the debugger was killed)"
 
 
 def _state(pid: int) -> str | None:
@@ -203,9 +240,17 @@ def inject(pid: int, code: bytes, debugger: str, timeout: float = RUN_BOUND_S) -
         with os.fdopen(fd, "w") as f:
             f.write(text)
         cmd = _gdb_command(pid, "-x", script) if debugger == "gdb" else _lldb_command(pid, "-s", script)
-        rc, out = _run(cmd, timeout)
-    if debugger == "lldb":
-        _wake_if_stopped(pid)
+        try:
+            rc, out = _run(cmd, timeout)
+        except Interrupted as exc:  # a bootstrap queued before the ^C must not run later
+            try:
+                neutralize(pid, _parse(pid, debugger, exc.output))
+            except InjectError:
+                pass
+            raise KeyboardInterrupt from None
+        finally:
+            if debugger == "lldb":
+                _wake_if_stopped(pid)
     return Injected(debugger, _parse(pid, debugger, out), out)
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from memscope.node.commands import shown_argv
-from memscope.node.target import (_TORCH_LIBS, _stat_fields, _status, boot_time, open_run_files, start_time,
+from memscope.node.target import (_stat_fields, _status, boot_time, open_run_files, start_time,
                                   torch_loaded, user_name)
 
 RESCAN_S = 30.0  # how often a process without torch is looked at again
@@ -115,7 +115,7 @@ class Discovery:
             return _Known(False, now), None
         except OSError:
             return _Known(False, now), None
-        if not torch_loaded(maps) or not torch_executable(maps):
+        if not torch_loaded(maps):
             return _Known(False, now), None
         started = self._boot_time() + ticks / os.sysconf("SC_CLK_TCK")
         return _Known(True, now, Found(pid, started, uid, user_name(uid), shown_argv(argv))), None
@@ -130,17 +130,6 @@ class Discovery:
         if self._boot is None:
             self._boot = boot_time()
         return self._boot
-
-
-def torch_executable(maps: str) -> bool:
-    """Whether torch's code is mapped to run (an ``r-xp`` segment), not only read: a debugger that
-    read libtorch's symbols (gdb or lldb attaching to a training) maps the file too, never to run."""
-    for line in maps.splitlines():
-        if "torch" in line and any(lib in line for lib in _TORCH_LIBS):
-            fields = line.split(None, 5)
-            if len(fields) > 1 and "x" in fields[1]:
-                return True
-    return False
 
 
 def _pids() -> list[str]:

@@ -96,7 +96,14 @@ def python_version(maps: str, exe: str) -> tuple[int, int] | None:
 
 
 def torch_loaded(maps: str) -> bool:
-    return any(lib in maps for lib in _TORCH_LIBS)
+    """Whether torch's code is mapped to run (an ``r-xp`` segment), not only read: a debugger that
+    read libtorch's symbols (gdb or lldb attaching to a training) maps the file too, never to run."""
+    for line in maps.splitlines():
+        if any(lib in line for lib in _TORCH_LIBS):
+            fields = line.split(None, 5)
+            if len(fields) > 1 and "x" in fields[1]:
+                return True
+    return False
 
 
 def open_run_files(pid: int, seen: dict[tuple[int, int, int, int], bool] | None = None) -> list[str]:

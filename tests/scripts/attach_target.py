@@ -4,7 +4,8 @@ It trains a small model for ``--steps`` steps (``--sleep`` seconds between them)
 64 KiB tensor a step in ``kept`` with ``--leak``; says ``at step N`` on stdout every 10 steps;
 ``--fast-file F``: once F exists, no more sleeping (the losses do not depend on it); with
 ``--block-at K --block-s S`` its main thread sleeps S seconds in one C call at step K (no
-bytecode runs there). ``--oom-after F``: after the end, wait for F, then fail with an uncaught CPU out-of-memory
+bytecode runs there); with ``--block-fifo F`` instead it blocks reading the FIFO F until a byte
+comes. ``--oom-after F``: after the end, wait for F, then fail with an uncaught CPU out-of-memory
 error in a forward (exit 1). At the end it prints one JSON line: the losses' digest, the leak's own
 count of bytes per kept tensor, and what memscope could have left in the process (threads,
 hooks, patched functions, trace functions), so a test compares it with a run never attached.
@@ -53,6 +54,7 @@ def main() -> None:
     p.add_argument("--leak", action="store_true")
     p.add_argument("--block-at", type=int, default=-1)
     p.add_argument("--block-s", type=float, default=0.0)
+    p.add_argument("--block-fifo", default=None, help="at --block-at, block reading this FIFO instead")
     p.add_argument("--fast-file", default=None, help="once this file exists, stop sleeping")
     p.add_argument("--oom-after", default=None, metavar="FILE",
                    help="after the state line, wait for FILE, then run a forward too big for memory")
@@ -72,7 +74,10 @@ def main() -> None:
         digest.update(f"{loss.item():.6f}".encode())
         if step % 10 == 0:
             print(f"at step {step}", flush=True)
-        if step == a.block_at:
+        if step == a.block_at and a.block_fifo:
+            with open(a.block_fifo, "rb") as fifo:  # C calls until the test writes: no bytecode runs
+                fifo.read(1)
+        elif step == a.block_at:
             time.sleep(a.block_s)  # one C call: the interpreter runs no bytecode meanwhile
         if a.sleep and not (a.fast_file and os.path.exists(a.fast_file)):
             time.sleep(a.sleep)
