@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from memscope import __version__
+from memscope.redact import DEFAULT as DEFAULT_REDACTION, Redaction
 from memscope.store import spill
 from memscope.store.schema import APPLICATION_ID, RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
@@ -119,8 +120,10 @@ def _remove(path: str, suffixes: tuple[str, ...]) -> None:
             raise RunFileError(f"{path + suffix}: cannot remove it ({exc.strerror})") from None
 
 
-def create_run(path: str, command: list[str], started: float | None = None) -> None:
-    """Create the run file with its single run row (status ``running``).
+def create_run(path: str, command: list[str], started: float | None = None,
+               redaction: Redaction = DEFAULT_REDACTION) -> None:
+    """Create the run file with its single run row (status ``running``), the command stored as
+    ``redaction`` says (by default: secrets replaced by ``***``, memscope/redact.py).
 
     On failure nothing is left behind (the caller checked with :func:`prepare_path` that
     nothing was there) and the error says what SQLite or the system said (disk full...)."""
@@ -132,7 +135,7 @@ def create_run(path: str, command: list[str], started: float | None = None) -> N
                 conn.execute(
                     "INSERT OR IGNORE INTO run (id, command, cwd, host, memscope_version, started,"
                     " status, owner_pid) VALUES (1, ?, ?, ?, ?, ?, 'running', ?)",
-                    (json.dumps(command), os.getcwd(), socket.gethostname(), __version__,
+                    (json.dumps(redaction.argv(command)), os.getcwd(), socket.gethostname(), __version__,
                      started or time.time(), os.getpid()),
                 )
         finally:
@@ -164,8 +167,13 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def register_process(path: str, info: dict[str, Any]) -> int:
-    """Insert this process's row and return its id (the ``proc`` of every row it writes)."""
+def register_process(path: str, info: dict[str, Any],
+                     redaction: Redaction = DEFAULT_REDACTION) -> int:
+    """Insert this process's row and return its id (the ``proc`` of every row it writes).
+    ``info["argv"]``, a list, is stored as ``redaction`` says."""
+    info = dict(info)
+    if isinstance(info.get("argv"), (list, tuple)):
+        info["argv"] = json.dumps(redaction.argv(info["argv"]))
     conn = connect_rw(path)
     try:
         with conn:
@@ -263,9 +271,13 @@ def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[s
 
 
 def add_event(path: str, kind: str, message: str, data: dict[str, Any] | None = None,
-              proc: int | None = None) -> bool:
+              proc: int | None = None, redaction: Redaction = DEFAULT_REDACTION) -> bool:
     """One event written outside any agent (the supervisor, a process memscope does not record);
-    best effort: whether it is in the file."""
+    best effort: whether it is in the file. A command in ``data`` (``command``, ``argv``: a list)
+    is stored as ``redaction`` says."""
+    if data is not None:
+        data = {k: redaction.argv(v) if k in ("command", "argv") and isinstance(v, (list, tuple)) else v
+                for k, v in data.items()}
     try:
         conn = connect_rw(path)
     except (sqlite3.Error, OSError, RunFileError):

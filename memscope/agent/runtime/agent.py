@@ -40,6 +40,7 @@ from memscope.agent.collectors.sampler import RssReader, Sampler, StepPeak, rss_
 from memscope.agent.collectors.steps import StepTracker
 from memscope.agent.runtime import interrupts
 from memscope.agent.runtime.watchdog import SupervisorWatch
+from memscope.redact import Redaction
 from memscope.store.runs import finish_run, register_process
 from memscope.store.schema import RunFileError
 from memscope.store.writer import RunWriter
@@ -119,7 +120,7 @@ class Agent:
             "rank": _env_int("RANK"),
             "local_rank": _env_int("LOCAL_RANK"),
             "world_size": _env_int("WORLD_SIZE"),
-            "argv": json.dumps(sys.argv),
+            "argv": list(sys.argv),
             "device": "cpu",
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -127,7 +128,7 @@ class Agent:
             "started": time.time(),
             "heartbeat": time.time(),
             "status": "running",
-        })
+        }, redaction=Redaction.from_options(self.options))
         # the writer stamps this row about every second: heartbeat, drop count, samples so far
         self._writer.proc_id = self.proc_id
         self._writer.samples = lambda: self.samples

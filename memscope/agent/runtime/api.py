@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 from memscope.agent.runtime.config import ENV_DB, AgentOptions
 from memscope.agent.runtime.agent import Agent
+from memscope.redact import Redaction
 from memscope.store.runs import create_run, default_db_path, prepare_path
 
 _agent: Agent | None = None
@@ -34,7 +35,7 @@ def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
         opts = AgentOptions.from_mapping(options)
         path = db or default_db_path(sys.argv)
         prepare_path(path, force, force_word="force=True")
-        create_run(path, [sys.executable, *sys.argv])
+        create_run(path, [sys.executable, *sys.argv], redaction=Redaction.from_options(opts))
         _agent = Agent(path, opts, owns_run=True)
         _agent.start()
         atexit.register(stop)
