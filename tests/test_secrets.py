@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, cli, free_port, memscope, torchrun
+from conftest import ROOT, SCRIPTS, cli, memscope, torchrun
 from memscope.redact import MASK, Redaction, is_secret_name, redact_argv, redact_urls
 
 SECRETS = ("sk-SECRET123", "SECRET456", "u:pw", "SECRET789", "ENVSECRET000")
@@ -170,7 +170,8 @@ def test_no_redact_keeps_them_and_a_command_no_agent_ran_in_is_redacted(tmp_path
                    *ARGS, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     conn = sqlite3.connect(db)
-    assert json.loads(conn.execute("SELECT command FROM run").fetchone()[0])[1:] == [str(SCRIPTS / "secret_argv.py"), *ARGS]
+    command = json.loads(conn.execute("SELECT command FROM run").fetchone()[0])
+    assert command[1:] == [str(SCRIPTS / "secret_argv.py"), *ARGS]
     assert json.loads(conn.execute("SELECT argv FROM processes").fetchone()[0])[1:] == ARGS
     conn.close()
     empty = tmp_path / "empty.db"

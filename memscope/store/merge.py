@@ -63,6 +63,8 @@ def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
         if len(versions) > 1:
             detail = ", ".join(f"{r.path}: {r.version}" for r in readers)
             raise RunFileError(f"run files of different schema versions cannot be merged ({detail})")
+        for r in readers:  # every table is copied: every value checked first (column_guard.py)
+            r.check_tables()
         live = [r.path for r in readers if (r.run() or {}).get("status") == "running"]
         if live and not allow_live:
             raise LiveInputs(f"still being written (their runs say running and a writer is "
