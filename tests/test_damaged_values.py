@@ -185,6 +185,8 @@ def test_every_reader_on_damage_in_every_table(base: Path, tmp_path: Path) -> No
                 refused += 1
                 if f"damaged run file: {table}.{rule.column} holds " not in res.err:
                     problems.append(f"{where}: {res.err.strip()}")
+                elif res.out:  # nothing of the file shown before the line (an export to stdout)
+                    problems.append(f"{where}: printed {len(res.out)} characters before refusing")
             elif _outputs(res, work, db) != clean[i]:
                 problems.append(f"{where}: exit 0 with an output that differs from the clean file's")
             else:

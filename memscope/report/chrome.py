@@ -179,8 +179,14 @@ def _instant(ev: dict[str, Any], ts: float, known: set[int]) -> dict[str, Any]:
     return out
 
 
+# the tables a trace is made of: checked whole before its first byte (a trace streamed to stdout
+# must not be half written when a damaged value comes up)
+TRACE_TABLES = ("run", "processes", "samples", "cuda_samples", "nvml_samples", "steps", "step_windows", "events")
+
+
 def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
     """Write the trace JSON object to ``out``; return the number of events written."""
+    reader.check_tables(TRACE_TABLES)
     run = reader.run() or {}
     other = {"memscope": __version__, "run_file": reader.path, "command": run.get("command"),
              "started": iso(run.get("started")), "status": run.get("status")}

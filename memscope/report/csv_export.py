@@ -113,7 +113,9 @@ def _line(cells: list[Any]) -> str:
 
 
 def write_timeline(reader: RunReader, out: TextIO) -> int:
-    """Write ``timeline.csv`` to ``out``; return the number of data rows."""
+    """Write ``timeline.csv`` to ``out``; return the number of data rows. Its tables are checked
+    whole before its first byte (a timeline streamed to stdout is never half written)."""
+    reader.check_tables(("run", "processes", *TIMELINE_TABLES))
     csv.writer(out, lineterminator="\n").writerow(TIMELINE_COLUMNS)
     n = 0
     for text, count in timeline_blocks(reader):
