@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pytest
 from faults.fuzz import commands, run
 from memscope.store.column_rules import Rule, rules
 from memscope.store.reader import RunReader
-from memscope.store.schema import RunFileError
+from memscope.store.schema import SCHEMA_VERSION, RunFileError, expected_tables
 
 # valid rows for the tables a CPU run leaves empty, so every table has a row to damage
 EXTRA_ROWS = {
@@ -49,6 +50,12 @@ TIMED = {"cuda_samples": ("t",), "nvml_samples": ("t",), "worker_samples": ("t",
 
 
 def plants(rule: Rule) -> list[tuple[str, Any]]:
+    """The schema's own word on type and NOT NULL (the product's rule only for the range)."""
+    declared, notnull = expected_tables(SCHEMA_VERSION)[rule.table][rule.column]
+    return _plants(replace(rule, kind=declared, required=notnull))
+
+
+def _plants(rule: Rule) -> list[tuple[str, Any]]:
     """(kind, value) planted into ``rule``'s column: each way a value can be damaged. A row id
     (``INTEGER PRIMARY KEY``) holds only integers, and ``run.id`` only 1 (a CHECK): SQLite
     itself refuses the rest."""
@@ -142,7 +149,7 @@ def test_every_column_every_damage(base: Path, tmp_path: Path, rule: Rule, kind:
 
 
 def _readers(db: Path, other: Path, out: Path) -> list[list[str]]:
-    return [*commands(db, other, out), ["export", str(db), "--csv", str(out / "timeline.csv")],
+    return [*commands(db, other, out), ["export", str(db), "--csv", "-"],
             ["merge", str(out / "merged.db"), str(db), "--force", "--allow-unrelated"]]
 
 

@@ -81,7 +81,8 @@ class Rule:
             cond = f"typeof({c}) IN ({types})"
             if self.low is not None and self.high is not None:
                 cond += f" AND {c} BETWEEN {self.low!r} AND {self.high!r}"
-        return f"({cond})" if self.required else f"({c} IS NULL OR {cond})"
+        # typeof(), not IS NULL: SQLite takes ``c IS NULL`` on a NOT NULL column as false unread
+        return f"({cond})" if self.required else f"(typeof({c}) = 'null' OR {cond})"
 
     def problem(self, kind: str, value: Any) -> str | None:
         """Why a value of SQLite type ``kind`` (``typeof``) breaks the rule (``value``: the
