@@ -12,7 +12,7 @@ from typing import Any
 
 from memscope import __version__
 from memscope.redact import DEFAULT as DEFAULT_REDACTION, Redaction
-from memscope.store import spill
+from memscope.store import reserve, spill
 from memscope.store.schema import APPLICATION_ID, RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
@@ -216,7 +216,10 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
                 replayed = spill.replay_all(path, conn)
             except OSError:
                 replayed = 0  # unreadable: the rows in it are lost (the writer counted what it could)
-            lost = _lost_writers(conn, storage)
+            lost = _silent_agents(conn, ended) + _lost_writers(conn, storage)
+            # the room a killed process kept on the disk (memscope/store/reserve.py)
+            reserve.remove_left(path, [int(p) for (p,) in conn.execute(
+                "SELECT pid FROM processes WHERE status = 'running'") if isinstance(p, int)])
             if replayed:
                 lost.append((f"recording recovered at the end of the run: {replayed} rows the "
                              "training could not write (the file was locked or refused writes) "
@@ -247,6 +250,30 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
         return close_for_copy(conn)
     finally:
         conn.close()
+
+
+SILENT_AFTER_S = 2.0  # a process row with no write for this long after its start: its agent never ran
+
+
+def _silent_agents(conn: sqlite3.Connection, ended: float) -> list[tuple[str, dict[str, Any]]]:
+    """Processes whose agent registered them and then wrote nothing (no heartbeat after the
+    first, no sample, no step) though the run went on: memscope's thread never ran there, and
+    the agent could not even say so itself. Said by the supervisor."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    rows = conn.execute("SELECT id, pid, started, heartbeat FROM processes WHERE status = 'running'"
+                        " AND (heartbeat IS NULL OR heartbeat < started + 1.0)").fetchall()
+    for proc, pid, started, beat in rows:
+        if not isinstance(started, (int, float)) or ended - started < SILENT_AFTER_S:
+            continue
+        wrote = conn.execute("SELECT EXISTS (SELECT 1 FROM samples WHERE proc = ?) OR EXISTS "
+                             "(SELECT 1 FROM steps WHERE proc = ?) OR EXISTS (SELECT 1 FROM events "
+                             "WHERE proc = ?)", (proc, proc, proc)).fetchone()[0]
+        if not wrote:
+            out.append((f"recording of pid {pid} never started: its agent registered the process and "
+                        f"wrote nothing after it ({ended - started:.0f} s before the run ended: "
+                        "memscope's thread did not run there); that process went on unrecorded",
+                        {"proc": proc, "pid": pid, "started": started, "last_heartbeat": beat}))
+    return out
 
 
 def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[str, dict[str, Any]]]:

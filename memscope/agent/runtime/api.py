@@ -84,8 +84,15 @@ def profile(db: str | None = None, **options: Any) -> Iterator[Agent]:
 
 
 def _after_fork_in_child() -> None:
-    if _agent is not None:
+    if _agent is not None and _agent.running:
         _agent.disable_after_fork()
+        # not recorded (a DataLoader worker trains nothing); one that trains says so
+        try:
+            from memscope.agent.runtime.unrecorded import watch_unrecorded_training
+
+            watch_unrecorded_training(_agent.db, f"forked from pid {os.getppid()} (os.fork)", forked=True)
+        except Exception:  # noqa: BLE001 - never a failure of the user's fork
+            pass
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
