@@ -846,6 +846,9 @@ class RunWriter:
         return [], None
 
     def _short_of_room(self) -> bool:
+        """A full disk at close, under the margin kept for the count and the run's end."""
+        if "full" not in (self.last_error or ""):
+            return False
         free = reserve.free_bytes(self.path)
         return free is not None and free < reserve.MARGIN_BYTES
 
