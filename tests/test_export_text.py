@@ -23,8 +23,8 @@ import pytest
 
 from conftest import memscope
 from memscope.report import chrome, csv_export, sql_text
-from memscope.store.column_checks import BOUNDS, columns_clean
-from memscope.store.reader import _BOUNDS, RunReader
+from memscope.store.reader import RunReader
+from memscope.store.schema import RunFileError
 
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
 # SQLite's printf rounds a tie away from zero and, before 3.43, may round a value within about
@@ -32,6 +32,11 @@ FORMULA = ("=", "+", "-", "@", "\t", "\r")
 SLACK = Fraction(5, 10**5)
 HOSTILE = ['q"uote', "back\\slash", "c0:" + "".join(chr(i) for i in range(32)), "nul\x00byte",
            "a,b", "new\nline", "\u2028sep\u2029", "ünï ☃", "=HYPERLINK(1)", "-1", "@x", ""]
+VALID_DOUBLES = [0.1, 1 / 3, 1e-300, 999999999.9999999, 5e-324, 2.0 ** 0.5, 2.2250738585072014e-308, -0.0,
+                 123456789.125, 1e-7, 9007199.254740993, 3.0]
+# what no memscope writes: doubles beyond any duration, sizes beyond 2**62, text and a blob where
+# numbers belong (the export command refuses them in one line; its writers format any value)
+EXTREME_DOUBLES = [1e300, 1.7976931348623157e308, 1e23, 9007199254740993.0]
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +70,33 @@ def hostile_run(real_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
                          " VALUES (2, ?, ?, ?, ?, ?, ?)", (step, start, end, status, rss, alloc))
         conn.execute("INSERT INTO steps (proc, step, start, end, status) VALUES (2, 99, ?, ?, CAST(x'ff42' AS TEXT))",
                      (started + 30, started + 31))
-        for i, (module, seconds) in enumerate(zip(HOSTILE, [0.1, 1 / 3, 1e-300, 1e300, 5e-324, 2.0 ** 0.5,
-                                                            1.7976931348623157e308, -0.0, 123456789.125,
-                                                            1e23, 9007199254740993.0, 3.0])):
+        # doubles at the edges of a duration's range and of their formats, sizes just under 2**62
+        for i, (module, seconds) in enumerate(zip(HOSTILE, VALID_DOUBLES)):
             conn.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, saved_tensors,"
                          " output_bytes, forward_s, backward_s) VALUES (2, ?, ?, ?, 1, ?, 1, 2, ?, NULL)",
-                         (i, module, module, 2 ** 62 + i, seconds))
-        conn.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, saved_tensors,"
-                     " output_bytes, forward_s) VALUES (2, 50, CAST(x'ff43' AS TEXT), x'00ff', 'x,\"y', 1, 1, 1, ?)",
-                     ("nul\x00,text",))  # text and a blob where numbers belong: kept as they are
+                         (i, module, module, 2 ** 62 - i, seconds))
         for i, module in enumerate(HOSTILE):
             conn.execute("INSERT INTO events (proc, t, step, kind, message, data) VALUES (2, ?, ?, 'oom', ?, ?)",
                          (started + 40 + i, i, module, json.dumps({"phase": "forward", "module": module})))
         conn.execute("INSERT INTO events (proc, t, step, kind, message)"
                      " VALUES (2, ?, 0, 'note', CAST(x'ff44' AS TEXT))", (started + 60,))
+    return db
+
+
+@pytest.fixture(scope="module")
+def damaged_run(hostile_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hostile run plus values memscope never writes (EXTREME_DOUBLES; text and a blob in
+    number columns)."""
+    db = tmp_path_factory.mktemp("damaged") / "run.db"
+    shutil.copy(hostile_run, db)
+    with sqlite3.connect(db) as conn:
+        for i, seconds in enumerate(EXTREME_DOUBLES):
+            conn.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, saved_tensors,"
+                         " output_bytes, forward_s, backward_s) VALUES (2, ?, 'x', 'x', 1, ?, 1, 2, ?, NULL)",
+                         (20 + i, 2 ** 62 + i, seconds))
+        conn.execute("INSERT INTO layer_stats (proc, step, module, type, calls, saved_bytes, saved_tensors,"
+                     " output_bytes, forward_s) VALUES (2, 50, CAST(x'ff43' AS TEXT), x'00ff', 'x,\"y', 1, 1, 1, ?)",
+                     ("nul\x00,text",))  # text and a blob where numbers belong: kept as they are
     return db
 
 
@@ -229,23 +247,41 @@ def test_timeline_in_time_order_whatever_the_rowids(real_run: Path, tmp_path: Pa
     assert again == timeline(False) and (chunk == 2 or again == text)  # each row once
 
 
-def test_damage_after_clean_chunks_reads_on_through_the_checks(real_run: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """A chunk that fails the aggregate checks (here an integer overflow in sum(): the values
-    themselves are fine) is read again, from its first row, through RunReader's checks: every
-    event once, in order."""
-    db = tmp_path / "run.db"
-    shutil.copy(real_run, db)
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE samples SET rss = 9223372036854775000 WHERE rowid IN"
-                     " (SELECT rowid FROM samples ORDER BY t LIMIT 2 OFFSET 7)")
+def test_a_chunk_sqlite_cannot_read_is_read_again_through_the_checks(real_run: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk SQLite fails to make (here the third chunk query of the samples raises, as a
+    damaged page would) is read again, from its first row, through RunReader's rows: every event
+    once, in order."""
     monkeypatch.setattr(sql_text, "CHUNK", 4)
     buf = io.StringIO()
-    with RunReader(db) as reader:
+
+    class Failing:  # the reader's connection, its third chunk query of the samples refused
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn, self.chunks = conn, 0
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if "group_concat" in sql and "FROM samples" in sql:
+                self.chunks += 1
+                if self.chunks == 3:
+                    raise sqlite3.DatabaseError("database disk image is malformed")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.conn, name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in ("conn", "chunks"):
+                object.__setattr__(self, name, value)
+            else:
+                setattr(self.conn, name, value)
+
+    with RunReader(real_run) as reader:
+        failing = Failing(reader.conn)
+        reader.conn = failing  # type: ignore[assignment]
         chrome.write_chrome_trace(reader, buf)
+    assert failing.chunks >= 3
     doc = json.loads(buf.getvalue(), parse_float=Decimal)
-    assert check_series(doc, db) > 20
-    assert sum(e["args"].get("rss") == 9223372036854775000 for e in doc["traceEvents"]) == 2
+    assert check_series(doc, real_run) > 20
 
 
 # -- CSV --------------------------------------------------------------------------------------
@@ -301,7 +337,23 @@ def test_csv_tables_read_back_exactly(which: str, request: pytest.FixtureRequest
     assert all(reals[t] >= 1 for t in ("run", "processes")), reals
 
 
-def test_csv_reals_through_python_where_sqlite_cannot(hostile_run: Path, tmp_path: Path,
+def test_csv_tables_of_any_value_read_back_exactly(damaged_run: Path, tmp_path: Path) -> None:
+    """The table writer formats any value a file can hold, misfits and extremes included (under
+    RunReader.unchecked(): the export command itself refuses them, in one line)."""
+    out = memscope("export", str(damaged_run), "--csv", str(tmp_path / "refused"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "damaged run file: layer_stats.forward_s holds 1e+300, out of range (0 to 1e+09)" in out.stderr
+    for table in ("layer_stats", "steps", "samples"):
+        with RunReader(damaged_run) as reader, reader.unchecked(), \
+                open(tmp_path / f"{table}.csv", "w", newline="", encoding="utf-8") as f:
+            reader.conn.text_factory = sql_text.lenient_text
+            csv_export.write_table(reader, table, f)
+        check_table(damaged_run, table, tmp_path / f"{table}.csv")
+    layers = (tmp_path / "layer_stats.csv").read_text(encoding="utf-8")
+    assert '"x,""y"' in layers and "e+300," in layers and "00ff" in layers
+
+
+def test_csv_reals_through_python_where_sqlite_cannot(damaged_run: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Where this SQLite's float text would not parse back, a table's cells are Python's: the
     same values read back."""
@@ -309,7 +361,7 @@ def test_csv_reals_through_python_where_sqlite_cannot(hostile_run: Path, tmp_pat
         assert sql_text.floats_round_trip(conn)  # this build: 4,000 doubles of every magnitude
     monkeypatch.setattr(csv_export, "floats_round_trip", lambda conn: False)
     path = tmp_path / "layer_stats.csv"
-    with RunReader(hostile_run) as reader, open(path, "w", newline="", encoding="utf-8") as f:
+    with RunReader(damaged_run) as reader, reader.unchecked(), open(path, "w", newline="", encoding="utf-8") as f:
         reader.conn.text_factory = sql_text.lenient_text
         csv_export.write_table(reader, "layer_stats", f)
     # Python's csv writes a NUL in a number's column as it is, SQLite's path that text in hex
@@ -344,14 +396,10 @@ def test_hostile_rows_are_really_there(hostile_run: Path, tmp_path: Path) -> Non
     assert '"a,b"' in text and '"q""uote"' in text and "'=HYPERLINK(1)" in text and '"new\nline"' in text
     assert '"nul\x00byte"' in text
     layers = (target / "layer_stats.csv").read_text(encoding="utf-8")
-    assert '"x,""y"' in layers and "e-300," in layers and "00ff" in layers
+    assert "e-300," in layers
 
 
 # -- damage -----------------------------------------------------------------------------------
-
-def test_column_checks_match_the_readers_bounds() -> None:
-    assert all(_BOUNDS[c] == b for c, b in BOUNDS.items())
-
 
 @pytest.mark.parametrize("sql, clean", [
     ("", True),
@@ -360,7 +408,7 @@ def test_column_checks_match_the_readers_bounds() -> None:
     ("UPDATE samples SET t = 'soon' WHERE rowid = (SELECT min(rowid) FROM samples)", False),
     ("UPDATE samples SET t = 1e13 WHERE rowid = (SELECT min(rowid) FROM samples)", False),
     ("UPDATE samples SET t = x'00ff' WHERE rowid = (SELECT max(rowid) FROM samples)", False),
-    ("UPDATE samples SET rss = 9223372036854775807", False),  # sum() overflows: not clean
+    ("UPDATE samples SET rss = 9223372036854775807", False),  # beyond any size (2**62)
 ])
 def test_column_checks(real_run: Path, tmp_path: Path, sql: str, clean: bool) -> None:
     db = tmp_path / "run.db"
@@ -369,18 +417,22 @@ def test_column_checks(real_run: Path, tmp_path: Path, sql: str, clean: bool) ->
         with sqlite3.connect(db) as conn:
             conn.execute(sql)
     with RunReader(db) as reader:
-        assert columns_clean(reader, "samples", 1, times=("t",), ints=("rss",)) is clean
+        if clean:
+            reader.check_tables(["samples"])
+        else:
+            with pytest.raises(RunFileError, match="damaged run file: samples[.]"):
+                reader.check_tables(["samples"])
 
 
 @pytest.mark.parametrize("sql, message, options", [
-    ("UPDATE samples SET rss = 1.5 WHERE rowid = (SELECT max(rowid) FROM samples)", "column rss holds 1.5",
-     ("--chrome", "--csv")),
-    ("UPDATE samples SET t = 'soon' WHERE rowid = (SELECT max(rowid) FROM samples)", "column t holds text 'soon'",
-     ("--chrome", "--csv")),
+    ("UPDATE samples SET rss = 1.5 WHERE rowid = (SELECT max(rowid) FROM samples)",
+     "samples.rss holds 1.5, not an integer", ("--chrome", "--csv")),
+    ("UPDATE samples SET t = 'soon' WHERE rowid = (SELECT max(rowid) FROM samples)",
+     "samples.t holds text 'soon', not a number", ("--chrome", "--csv")),
     ("UPDATE steps SET status = x'00ff' WHERE rowid = (SELECT max(rowid) FROM steps)",
-     "column status holds a blob of 2 bytes", ("--chrome",)),
-    ("UPDATE steps SET peak_rss = 2.5 WHERE rowid = (SELECT min(rowid) FROM steps)", "column peak_rss holds 2.5",
-     ("--chrome",)),
+     "steps.status holds a blob of 2 bytes, not text", ("--chrome",)),
+    ("UPDATE steps SET peak_rss = 2.5 WHERE rowid = (SELECT min(rowid) FROM steps)",
+     "steps.peak_rss holds 2.5, not an integer", ("--chrome",)),
 ])
 def test_damaged_series_still_named(real_run: Path, tmp_path: Path, sql: str, message: str,
                                     options: tuple[str, ...]) -> None:

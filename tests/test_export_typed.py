@@ -19,7 +19,9 @@ GENERIC = "'<any value>' || char(10)"  # a line for any value that shows where i
 
 
 def export(db: Path, tables: list[str] | None = None) -> dict[str, str]:
-    with RunReader(db) as reader:
+    # unchecked: the writer's formatting of any value a file may hold, damage included (the
+    # export command refuses a damaged value before formatting it: memscope/store/column_guard.py)
+    with RunReader(db) as reader, reader.unchecked():
         reader.conn.text_factory = sql_text.lenient_text
         out = {}
         for table in tables or csv_export.tables(reader):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR = {"memscope", "memscope.units", "memscope.constants", "memscope.errors", "memscope.names",
-         "memscope.display", "memscope.quiet_thread", "memscope.turns"}
+         "memscope.display", "memscope.quiet_thread", "memscope.turns", "memscope.redact"}
 
 # part -> the memscope parts its modules may import (besides the floor and themselves)
 ALLOWED: dict[str, set[str]] = {
@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "memscope.runners": {"memscope.agent.runtime.config", "memscope.analysis", "memscope.report", "memscope.store"},
     "memscope.integrations": {"memscope.agent"},
     # node: processes memscope did not launch (attach --pid, top, daemon); reads them from outside
-    "memscope.node": {"memscope.analysis", "memscope.store"},
+    "memscope.node": {"memscope.agent.runtime.config", "memscope.analysis", "memscope.store"},
     # the reading API (memscope.load): the report contract, the timeline model, the notebook view
     "memscope.reading": {"memscope.analysis", "memscope.report", "memscope.store"},
     "memscope.cli": {"memscope.analysis", "memscope.report", "memscope.runners", "memscope.store",
@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # modules that import nothing of memscope above the floor
 FLOOR_ONLY = {"memscope.units", "memscope.constants", "memscope.errors", "memscope.names",
-              "memscope.display", "memscope.quiet_thread", "memscope.turns"}
+              "memscope.display", "memscope.quiet_thread", "memscope.turns", "memscope.redact"}
 
 
 def _module_name(path: Path) -> str:

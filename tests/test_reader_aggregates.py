@@ -192,9 +192,9 @@ def test_html_draws_step_bands_up_to_the_limit(real: Path, long: Path) -> None:
 
 
 @pytest.mark.parametrize("column, value, words", [
-    ("start", "abc", "column start holds text 'abc', not INTEGER or REAL"),
-    ("peak_rss", "big", "column peak_rss holds text 'big', not INTEGER"),
-    ("end_rss", b"\x00\x01", "column end_rss holds a blob of 2 bytes, not INTEGER"),
+    ("start", "abc", "steps.start holds text 'abc', not a number"),
+    ("peak_rss", "big", "steps.peak_rss holds text 'big', not an integer"),
+    ("end_rss", b"\x00\x01", "steps.end_rss holds a blob of 2 bytes, not an integer"),
 ])
 def test_a_damaged_step_row_is_one_line(long: Path, tmp_path: Path, column: str, value: object,
                                         words: str) -> None:

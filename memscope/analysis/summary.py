@@ -180,7 +180,7 @@ def _breakdown_at_failure(peak: Peak, oom: OomReport | None, main: int) -> None:
 
 
 _RECORDING_EVENTS = ("recording_degraded", "recording_recovered", "recording_incomplete",
-                     "supervisor_gone", "agent_missing")
+                     "supervisor_gone", "agent_missing", "agent_failed")
 
 
 def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from memscope.agent.runtime.config import TECHNIQUES, AgentOptions
 from memscope.units import parse_size
 from memscope.cli.errors import CliError
 from memscope.display import safe_lines
+from memscope.redact import Redaction
 from memscope.agent.runtime.config import ENV_DB_ID
 from memscope.store import spill
 from memscope.store.runs import (compact, create_run, default_db_path, discard_run, file_id,
@@ -32,7 +33,7 @@ USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
          "       memscope attach --pid PID [OPTIONS]")
 _TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first",
                 "--inventory-every", "--inventory-budget", "--max-steps", "--try", "--simulate-gpu",
-                "--pid", "--duration", "--debugger", "--attach-timeout"}
+                "--pid", "--duration", "--debugger", "--attach-timeout", "--redact"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +72,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate-gpu", metavar="SIZE", default=None,
                         help="on CUDA, cap each device to SIZE (24GiB, 24GB, 16G, 8000MiB) as if "
                              "the GPU were that small")
+    parser.add_argument("--redact", action="append", default=[], metavar="PATTERN",
+                        help="also store as *** the value of every option whose name matches "
+                             "PATTERN, a regular expression searched case-insensitively in the name "
+                             "without its dashes (repeatable; the built-in rule already hides "
+                             "key, token, secret, password, auth, credential, cookie options and "
+                             "URL user:password@)")
+    parser.add_argument("--no-redact", action="store_true",
+                        help="store the command line exactly as given, secrets included "
+                             "(any --redact is then moot)")
     parser.add_argument("--pid", type=int, default=None, metavar="PID",
                         help="attach to a training that is already running (CPython 3.10+ with torch "
                              "imported) instead of starting one; detach with ^C, q, --duration, "
@@ -93,7 +103,8 @@ def agent_options(args: argparse.Namespace) -> tuple[AgentOptions, dict[str, obj
               "layers_first": args.layers_first, "catch_forward_oom": args.catch_forward_oom,
               "max_steps": args.max_steps,
               "try_techniques": [t for w in args.try_techniques for t in w.split(",") if t],
-              "simulate_gpu": parse_size(args.simulate_gpu) if args.simulate_gpu else 0}
+              "simulate_gpu": parse_size(args.simulate_gpu) if args.simulate_gpu else 0,
+              "redact": not args.no_redact, "redact_patterns": list(args.redact)}
     # only what was given: an explicit --inventory-every without a budget is kept exactly
     for key in ("inventory_every", "inventory_budget"):
         if getattr(args, key) is not None:
@@ -166,7 +177,7 @@ def _file_gone(db: str, created: tuple[int, int] | None) -> str | None:
     return None
 
 
-def _explain_empty(db: str, command: list[str]) -> None:
+def _explain_empty(db: str, command: list[str], redaction: Redaction) -> None:
     """No process of the command was recorded: say why in the run file (its recording lines,
     which the summary prints), unless a process already said (a spawned child that trains)."""
     try:
@@ -177,7 +188,7 @@ def _explain_empty(db: str, command: list[str]) -> None:
                 return
     except Exception:  # noqa: BLE001 - the summary says what is wrong with the file
         return
-    add_event(db, "agent_missing", why_no_agent(command), {"command": command})
+    add_event(db, "agent_missing", why_no_agent(command), {"command": command}, redaction=redaction)
 
 
 def _wait_for_lock(db: str) -> bool:
@@ -222,6 +233,7 @@ def main(argv: Sequence[str]) -> int:
         raise CliError("attach: give a script, -m MODULE, -- COMMAND, or --pid PID")
     try:
         options, _chosen = agent_options(args)
+        redaction = Redaction.from_options(options)
         command = resolve(command)
     except (ValueError, LaunchError) as exc:
         raise CliError(f"attach: {exc}") from None
@@ -236,7 +248,7 @@ def main(argv: Sequence[str]) -> int:
     # As the user would type it: "python train.py ..." for a script, the command as given after --
     shown = ["python", *command[1:]] if via_python else list(command)
     try:
-        create_run(db, shown)
+        create_run(db, shown, redaction=redaction)
     except RunFileError as exc:
         storage = storage_problem(db)
         raise CliError(f"{exc}{f' ({storage})' if storage else ''}") from None
@@ -249,7 +261,7 @@ def main(argv: Sequence[str]) -> int:
     child_command, blind = rewrite(command, BOOTSTRAP_DIR)
     if blind is not None:
         print(f"memscope: warning: {blind}", file=sys.stderr)
-        add_event(db, "agent_missing", blind, {"command": list(command)})
+        add_event(db, "agent_missing", blind, {"command": list(command)}, redaction=redaction)
     # The dashboard in the foreground (a second process on the terminal) while this process
     # supervises the training as it does headless; q closes it and the training goes on.
     foreground = None
@@ -280,7 +292,7 @@ def main(argv: Sequence[str]) -> int:
         if recorded and child.signal is not None and child.run_status == "killed":
             record_killed(db, child.signal)
         if recorded and blind is None:
-            _explain_empty(db, command)
+            _explain_empty(db, command, redaction)
         storage = storage_problem(db)
         try:
             if recorded:

@@ -132,7 +132,10 @@ def attach(pid: int, db: str, options: dict[str, Any], *, max_steps: int = 0, de
     target = inspect(pid)
     method = _method(target, debugger)
     command = shown(target) if shown is not None else target.argv
-    create_run(db, command)
+    from memscope.agent.runtime.config import AgentOptions  # options only: no torch
+    from memscope.redact import Redaction
+
+    create_run(db, command, redaction=Redaction.from_options(AgentOptions.from_mapping(options)))
     created = file_id(db)
     try:
         if target.uid != os.geteuid():

@@ -6,10 +6,10 @@ NVML reading; the steps as complete spans (``ph: "X"``) on a ``steps`` thread; O
 the agent's other events as instant events (``ph: "i"``). Times are microseconds since the run
 started. Events are streamed to the file, so a run with a million samples is never held in memory.
 
-The two long series (host samples and steps: a million rows each in a long run) are checked for
-damage by one aggregate query each (memscope/store/column_checks.py), then read unchecked, their
-times computed in SQL (the same double operations) and formatted a few thousand at a time;
-a damaged file goes through RunReader's row checks as before, which name the damage.
+The two long series (host samples and steps: a million rows each in a long run) have their
+times computed in SQL (the same double operations) and are formatted a few thousand at a time;
+every column those queries read is checked first (memscope/store/column_guard.py: a damaged
+value is one line), and a chunk SQLite cannot read is read again through RunReader's rows.
 
     with RunReader("run.db") as reader, open("trace.json", "w") as f:
         n = write_chrome_trace(reader, f)
@@ -23,9 +23,7 @@ from typing import Any, Callable, Iterator, TextIO
 from memscope import __version__
 from memscope.report.format import iso
 from memscope.report.sql_text import Unchecked, after_key, joined_chunks, write_chunk
-from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
-from memscope.store.schema import RunFileError
 
 STEPS_TID = 1  # the thread that carries the step spans and the instant events
 COUNTERS_TID = 0
@@ -112,7 +110,7 @@ def _sample_blocks(reader: RunReader, pid: int, origin: float,
     key = ("t", "rowid")
     try:
         yield from joined_chunks(reader, line, "samples", "proc = :proc", key,
-                                 {"origin": origin, "proc": pid}, EVENT_SEP, clean_sql(("t",), ("rss",)), ("t", "rss"))
+                                 {"origin": origin, "proc": pid}, EVENT_SEP)
         return
     except Unchecked as damaged:
         cond, after = after_key(key, damaged.after)
@@ -138,12 +136,10 @@ def _step_blocks(reader: RunReader, pid: int, origin: float, us: Callable[[float
             f" THEN printf('{fmt}}}}}', {times}, {status})"
             f" ELSE printf('{fmt},\"peak_rss\":%d}}}}', {times}, {status}, peak_rss) END"
             f" ELSE printf('{fmt}%s}}}}', {times}, {status}, {extra}) END")
-    check = clean_sql(("start", "end"), ("step", *PEAKS), ("status",), nullable=PEAKS)
     key = ("step",)
     try:
         yield from joined_chunks(reader, line, "steps", "proc = :proc", key,
-                                 {"origin": origin, "proc": pid}, EVENT_SEP,
-                                 check, ("step", "start", "end", "status", *PEAKS))
+                                 {"origin": origin, "proc": pid}, EVENT_SEP)
         return
     except Unchecked as damaged:
         cond, after = after_key(key, damaged.after)
@@ -154,9 +150,6 @@ def _step_blocks(reader: RunReader, pid: int, origin: float, us: Callable[[float
     for step, start, end, status, *peaks in reader.rows(
             f"SELECT step, start, end, status, {', '.join(PEAKS)} FROM steps"
             f" WHERE proc = ?{cond} ORDER BY step", (pid, *after)):
-        if None in (step, start, end, status):
-            raise RunFileError(f"{reader.path}: damaged run file: a steps row has no "
-                               f"{('step', 'start', 'end', 'status')[[step, start, end, status].index(None)]}")
         extra = "".join(f',"{c}":{int(v)}' for c, v in zip(PEAKS, peaks) if v is not None)
         yield (f'{head}{step}{mid}{us(start):.3f},"dur":{max(end - start, 0.0) * 1e6:.3f},'
                f'"args":{{"step":{step},"status":{quoted(status)}{extra}}}}}'), 1
@@ -186,8 +179,14 @@ def _instant(ev: dict[str, Any], ts: float, known: set[int]) -> dict[str, Any]:
     return out
 
 
+# the tables a trace is made of: checked whole before its first byte (a trace streamed to stdout
+# must not be half written when a damaged value comes up)
+TRACE_TABLES = ("run", "processes", "samples", "cuda_samples", "nvml_samples", "steps", "step_windows", "events")
+
+
 def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
     """Write the trace JSON object to ``out``; return the number of events written."""
+    reader.check_tables(TRACE_TABLES)
     run = reader.run() or {}
     other = {"memscope": __version__, "run_file": reader.path, "command": run.get("command"),
              "started": iso(run.get("started")), "status": run.get("status")}

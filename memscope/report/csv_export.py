@@ -37,7 +37,6 @@ from memscope.report.file_lanes import Job, write_files
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
                                        joined_chunks, write_chunk)
 from memscope.report.table_text import columns_of, typed_lines
-from memscope.store.column_checks import clean_sql
 from memscope.store.reader import RunReader
 from memscope.store.schema import SCHEMA_VERSION, expected_tables
 
@@ -97,8 +96,7 @@ def _sample_lines(reader: RunReader, proc: int, origin: float, head: str,
     try:
         yield from joined_chunks(reader, line, "samples", "proc = :proc", key,
                                  {"head": head, "origin": origin, "proc": proc}, "",
-                                 clean_sql(("t",), ("step", "rss"), ("phase",), ("step", "phase")),
-                                 ("t", "step", "rss", "phase"), own_rowid=own_rowid(reader.columns("samples")))
+                                 own_rowid=own_rowid(reader.columns("samples")))
         return
     except Unchecked as damaged:
         cond, after = after_key(key, damaged.after)
@@ -115,7 +113,9 @@ def _line(cells: list[Any]) -> str:
 
 
 def write_timeline(reader: RunReader, out: TextIO) -> int:
-    """Write ``timeline.csv`` to ``out``; return the number of data rows."""
+    """Write ``timeline.csv`` to ``out``; return the number of data rows. Its tables are checked
+    whole before its first byte (a timeline streamed to stdout is never half written)."""
+    reader.check_tables(("run", "processes", *TIMELINE_TABLES))
     csv.writer(out, lineterminator="\n").writerow(TIMELINE_COLUMNS)
     n = 0
     for text, count in timeline_blocks(reader):

@@ -49,9 +49,10 @@ def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tu
                   own_rowid: bool = False) -> Iterator[tuple[bytes, int]]:
     """(text, rows) per chunk of ``SELECT line FROM source WHERE where ORDER BY key``: the rows'
     ``line`` texts joined by ``sep``, as UTF-8 bytes (:func:`write_chunk` writes them).
-    ``check`` is an aggregate condition over the chunk's ``columns``
-    (:func:`memscope.store.column_checks.clean_sql`); a chunk that fails it, or that SQLite
-    cannot read, raises :class:`Unchecked` before anything of it is yielded. ``line``,
+    Every column the chunks read is checked by the reader's guard before the first chunk is
+    yielded (a damaged value: RunFileError, one line). ``check`` is an aggregate condition over
+    the chunk's ``columns`` (a typed line's fit); a chunk that fails it, or that SQLite cannot
+    read, raises :class:`Unchecked` before anything of it is yielded. ``line``,
     ``source``, ``where`` and ``check`` are SQL from this package (never from the file);
     ``params`` binds their ``:names``. ``rows``: per chunk (0: :data:`CHUNK`). ``fallback``:
     other (line, check) pairs, tried in order on the same chunk when the one before fails (the
@@ -92,6 +93,8 @@ def joined_chunks(reader: RunReader, line: str, source: str, where: str, key: tu
                     sql = (f"SELECT group_concat(line, :sep), count(*), {check}{last_key} FROM (SELECT {line}"
                            f" AS line, {inner} FROM {source} WHERE {cond} ORDER BY {keys} LIMIT :n)")
                 text, n, good, *last = conn.execute(sql, bound).fetchone()
+                if done is None:  # every column the chunks read, checked once (column_guard.py)
+                    reader.guard.check()
                 if n and n == rows and not last:
                     last = conn.execute(f"SELECT {keys} FROM {source} WHERE {cond} ORDER BY {keys}"
                                         f" LIMIT 1 OFFSET :n - 1", bound).fetchone()

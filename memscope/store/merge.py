@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from memscope.redact import Redaction
 from memscope.store.merge_check import check_distinct_ranks, check_one_job
 from memscope.store.reader import RunReader
 from memscope.store.runs import discard_run, prepare_path
@@ -62,6 +63,8 @@ def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
         if len(versions) > 1:
             detail = ", ".join(f"{r.path}: {r.version}" for r in readers)
             raise RunFileError(f"run files of different schema versions cannot be merged ({detail})")
+        for r in readers:  # every table is copied: every value checked first (column_guard.py)
+            r.check_tables()
         live = [r.path for r in readers if (r.run() or {}).get("status") == "running"]
         if live and not allow_live:
             raise LiveInputs(f"still being written (their runs say running and a writer is "
@@ -104,10 +107,11 @@ def _write(out: str, readers: list[RunReader]) -> MergeResult:
     try:
         conn.execute("BEGIN IMMEDIATE")
         out_cols = {t: _columns(conn, t) for t in _tables(conn)}
-        conn.execute(*_run_row([r.run() for r in readers]))
+        redactions = [_redaction(r) for r in readers]
+        conn.execute(*_run_row([r.run() for r in readers], redactions))
         skipped: set[str] = set()
-        for r in readers:
-            remap = _copy_processes(conn, r, out_cols["processes"])
+        for r, redaction in zip(readers, redactions):
+            remap = _copy_processes(conn, r, out_cols["processes"], redaction)
             result.processes += len(remap)
             for table in _tables(r.conn):
                 if table in _SPECIAL:
@@ -141,30 +145,50 @@ def _write(out: str, readers: list[RunReader]) -> MergeResult:
     return result
 
 
-def _run_row(runs: list[dict[str, Any] | None]) -> tuple[str, tuple[Any, ...]]:
-    present = [r for r in runs if r is not None]
+def _redaction(r: RunReader) -> Redaction:
+    """The input's own redaction, applied again to what is copied (a file written before
+    memscope redacted keeps no secret in the merged one): kept whole only where every process
+    of the input was recorded with ``--no-redact``; its ``--redact`` patterns still apply."""
+    options = [p["options"] for p in r.processes()]
+    patterns = {str(x) for o in options for x in (o.get("redact_patterns") or ()) if isinstance(x, str)}
+    kept = bool(options) and all(o.get("redact") is False for o in options)
+    try:
+        return Redaction(not kept, tuple(sorted(patterns)))
+    except ValueError:  # a pattern that is not a regular expression: the built-in rule alone
+        return Redaction(not kept)
+
+
+def _run_row(runs: list[dict[str, Any] | None],
+             redactions: list[Redaction]) -> tuple[str, tuple[Any, ...]]:
+    present = [(r, red) for r, red in zip(runs, redactions) if r is not None]
     if not present:
         raise RunFileError("none of the inputs has a run row")
-    first = present[0]
-    worst = max(present, key=lambda r: _STATUS_RANK.get(r["status"], 1))
-    ended = [r["ended"] for r in present]
-    hosts = list(dict.fromkeys(r["host"] for r in present if r["host"]))
+    first, redaction = present[0]
+    present_runs = [r for r, _ in present]
+    worst = max(present_runs, key=lambda r: _STATUS_RANK.get(r["status"], 1))
+    ended = [r["ended"] for r in present_runs]
+    hosts = list(dict.fromkeys(r["host"] for r in present_runs if r["host"]))
     return (
         "INSERT INTO run (id, command, cwd, host, memscope_version, started, ended, exit_code,"
         " signal, status) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (json.dumps(first["command"]), first["cwd"], ",".join(hosts) or None, first["memscope_version"],
-         min(r["started"] for r in present),
+        (json.dumps(redaction.argv(first["command"])), first["cwd"], ",".join(hosts) or None,
+         first["memscope_version"], min(r["started"] for r in present_runs),
          None if any(e is None for e in ended) else max(ended),
          worst["exit_code"], worst["signal"], worst["status"]),
     )
 
 
-def _copy_processes(conn: sqlite3.Connection, r: RunReader, out_cols: list[str]) -> dict[int, int]:
+def _copy_processes(conn: sqlite3.Connection, r: RunReader, out_cols: list[str],
+                    redaction: Redaction) -> dict[int, int]:
     cols = [c for c in _columns(r.conn, "processes") if c != "id" and c in out_cols]
     remap: dict[int, int] = {}
     sql = f"INSERT INTO processes ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
+    argv = cols.index("argv") if "argv" in cols else None
     for row in r.conn.execute(f"SELECT id, {', '.join(cols)} FROM processes ORDER BY id"):
-        cur = conn.execute(sql, tuple(row)[1:])
+        values = list(row)[1:]
+        if argv is not None:
+            values[argv] = _redacted_json(values[argv], redaction)
+        cur = conn.execute(sql, values)
         remap[int(row[0])] = int(cur.lastrowid)  # type: ignore[arg-type]
     return remap
 
@@ -192,6 +216,17 @@ def _copy_table(conn: sqlite3.Connection, r: RunReader, table: str, cols: list[s
             rows.append(values)
         conn.executemany(sql, rows)
         n += len(rows)
+
+
+def _redacted_json(text: Any, redaction: Redaction) -> Any:
+    """A stored argv (a JSON list of words) redacted again; anything else as it was."""
+    try:
+        words = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return text
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        return text
+    return json.dumps(redaction.argv(words))
 
 
 def _tables(conn: sqlite3.Connection) -> list[str]:

@@ -7,9 +7,7 @@ of torch: a run file copied to a laptop opens here.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import math
 import os
 import sqlite3
 from pathlib import Path
@@ -20,7 +18,8 @@ if TYPE_CHECKING:
 
 from memscope.store.liveness import is_abandoned
 from memscope.store.spill import spill_files
-from memscope.store.schema import SCHEMA_VERSION, RunFileError, check_tables, check_version, expected_tables
+from memscope.store.column_guard import ColumnGuard
+from memscope.store.schema import RunFileError, check_tables, check_version, expected_tables
 
 
 class RunReader:
@@ -53,6 +52,8 @@ class RunReader:
             conn.close()
             raise RunFileError(f"{self.path}: damaged or not a memscope run file ({exc})") from None
         self.conn = conn
+        # every column a query reads is checked before its rows are used (column_guard.py)
+        self.guard = ColumnGuard(conn, self.path)
         self._db: "sqlite_utils.Database | None" = None
 
     @property
@@ -89,9 +90,25 @@ class RunReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def unchecked(self) -> Iterator[None]:
+        """Queries inside read values as they are, their columns not checked (a raw dump, an
+        export that checks each chunk in its own query)."""
+        recording, self.guard.recording = self.guard.recording, False
+        try:
+            yield
+        finally:
+            self.guard.recording = recording
+
+    def check_tables(self, tables: Sequence[str] | None = None) -> None:
+        """Check every column of ``tables`` (all the file's) now: RunFileError names the first
+        damaged value (a command that copies or dumps whole tables)."""
+        self.guard.check_tables(tables if tables is not None else list(expected_tables(self.version)))
+
     def query(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
-        """Rows as dicts, their values checked against the schema's column types (a damaged
-        file raises RunFileError with one line, never a TypeError deep in an analysis)."""
+        """Rows as dicts, every column the query read checked against its rule first (a damaged
+        file raises RunFileError with one line, never a TypeError deep in an analysis or a
+        wrong figure)."""
         names, rows = self._fetch(sql, params)
         return [dict(zip(names, r)) for r in rows]
 
@@ -108,15 +125,11 @@ class RunReader:
         (an export of a million rows) pays no Python step per row here."""
         done = 0
         try:
-            cur = self.conn.execute(sql, params)
-            cur.row_factory = None
-            names = [d[0] for d in cur.description or ()]
-            check = self._checker(names if checked else [])
+            cur = self._execute(sql, params, checked)
             while True:
                 batch = cur.fetchmany(chunk)
                 if not batch:
                     return
-                check(batch)
                 yield batch
                 done += len(batch)
         except UnicodeDecodeError:
@@ -134,44 +147,41 @@ class RunReader:
     def _fetch(self, sql: str, params: Any, checked: bool = True) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
             try:
-                cur = self.conn.execute(sql, params)
-                cur.row_factory = None
+                cur = self._execute(sql, params, checked)
                 rows = cur.fetchall()
             except UnicodeDecodeError:
                 # flipped bytes in a text value: read it again, replacing what is not UTF-8
                 self.conn.text_factory = _lenient_text
                 try:
-                    cur = self.conn.execute(sql, params)
-                    cur.row_factory = None
+                    cur = self._execute(sql, params, checked)
                     rows = cur.fetchall()
                 finally:
                     self.conn.text_factory = str
         except sqlite3.DatabaseError as exc:
             raise RunFileError(f"{self.path}: damaged run file ({exc})") from None
-        names = [d[0] for d in cur.description or ()]
-        self._checker(names if checked else [])(rows)
-        return names, rows
+        return [d[0] for d in cur.description or ()], rows
 
-    def _checker(self, names: Sequence[str]) -> Any:
-        checks = [(i, _ACCEPT[n], n, _BOUNDS.get(n)) for i, n in enumerate(names) if n in _ACCEPT]
-        path = self.path
-
-        def check(rows: list[tuple[Any, ...]]) -> None:
-            for row in rows:
-                for i, ok, name, bound in checks:
-                    v = row[i]
-                    if v is None:
-                        continue
-                    if type(v) not in ok or (type(v) is float and not math.isfinite(v)):
-                        raise RunFileError(f"{path}: damaged run file: column {name} holds "
-                                           f"{_kind(v)}, not {_WANT[name]}")
-                    if bound is not None and not -bound <= v <= bound:
-                        raise RunFileError(f"{path}: damaged run file: column {name} holds "
-                                           f"{v!r}, out of any plausible range")
-                    if name == "shape" and not _shape_ok(v):
-                        raise RunFileError(f"{path}: damaged run file: column shape holds "
-                                           f"{_kind(v)}, not a JSON list of sizes")
-        return check
+    def _execute(self, sql: str, params: Any, checked: bool) -> sqlite3.Cursor:
+        """The statement started, every column it reads checked first (unless ``checked`` is
+        False); an error SQLite raises on a damaged value (an overflow in a sum) is named by
+        the check when it can be."""
+        try:
+            if checked:
+                cur = self.conn.execute(sql, params)
+                try:
+                    self.guard.check()
+                except BaseException:
+                    cur.close()  # its statement would keep the file open after close()
+                    raise
+            else:
+                with self.unchecked():
+                    cur = self.conn.execute(sql, params)
+        except sqlite3.DatabaseError:
+            if checked:
+                self.guard.check()
+            raise
+        cur.row_factory = None
+        return cur
 
     def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         rows = self.query(sql, params)
@@ -195,16 +205,6 @@ class RunReader:
         if run["status"] == "running" and is_abandoned(run, self.processes(), self.last_activity):
             run["status"] = "abandoned"
         return run
-
-    def _required(self, rows: list[dict[str, Any]], table: str,
-                  columns: tuple[str, ...]) -> list[dict[str, Any]]:
-        """The schema says NOT NULL and SQLite enforced it on write: a NULL read back is a
-        damaged record (flipped bits in its header)."""
-        for r in rows:
-            for c in columns:
-                if r.get(c) is None:
-                    raise RunFileError(f"{self.path}: damaged run file: a {table} row has no {c}")
-        return rows
 
     def last_activity(self) -> float | None:
         """The newest sign of a writer: a heartbeat, a memory sample, a process start."""
@@ -231,8 +231,7 @@ class RunReader:
             return 0
 
     def processes(self) -> list[dict[str, Any]]:
-        procs = self._required(self.query("SELECT * FROM processes ORDER BY coalesce(rank, 0), id"),
-                               "processes", ("id", "pid", "started", "status"))
+        procs = self.query("SELECT * FROM processes ORDER BY coalesce(rank, 0), id")
         for p in procs:
             p["argv"] = _strings(_json(p["argv"], []))
             options = _json(p["options"], {})
@@ -246,7 +245,7 @@ class RunReader:
             rows = self.query("SELECT * FROM steps ORDER BY proc, step")
         else:
             rows = self.query("SELECT * FROM steps WHERE proc = ? ORDER BY step", (proc,))
-        return self._required(rows, "steps", ("proc", "step", "start", "end", "status"))
+        return rows
 
     def step_windows(self, proc: int | None = None) -> list[dict[str, Any]]:
         """Steps the writer folded (memscope/store/fold.py), one row per window; none in files
@@ -280,7 +279,7 @@ class RunReader:
             rows = self.query("SELECT * FROM events ORDER BY t")
         else:
             rows = self.query("SELECT * FROM events WHERE kind = ? ORDER BY t", (kind,))
-        for r in self._required(rows, "events", ("t", "kind")):
+        for r in rows:
             data = _json(r["data"], None)
             r["data"] = data if isinstance(data, dict) else None
         return rows
@@ -302,54 +301,5 @@ def _strings(value: Any) -> list[str]:
     return [v if isinstance(v, str) else json.dumps(v) for v in value]
 
 
-@functools.lru_cache(maxsize=4096)
-def _shape_ok(text: str) -> bool:
-    """A tensor shape as the agent writes it: a short JSON list of sizes (``[64, 2048]``)."""
-    if len(text) > 1000:
-        return False
-    try:
-        shape = json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(shape, list) and len(shape) <= 64 and all(
-        type(d) is int and 0 <= d <= _COUNT for d in shape)
-
-
 def _lenient_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
-
-
-def _kind(v: Any) -> str:
-    if isinstance(v, bytes):
-        return f"a blob of {len(v)} bytes"
-    if isinstance(v, str):
-        return f"text {v[:20]!r}"
-    return repr(v)
-
-
-def _accepted() -> tuple[dict[str, tuple[type, ...]], dict[str, str]]:
-    """Column name -> Python types its values may have, from every table of the schema.
-    A name used with two types (``device``: a CUDA index or 'cuda:0') accepts both."""
-    by_type = {"INTEGER": (int,), "REAL": (float, int), "TEXT": (str,)}
-    accept: dict[str, set[type]] = {}
-    for columns in expected_tables(SCHEMA_VERSION).values():
-        for name, (declared, _notnull) in columns.items():
-            accept.setdefault(name, set()).update(by_type.get(declared, (int, float, str)))
-    want = {n: " or ".join(sorted({"INTEGER" if t is int else "REAL" if t is float else "TEXT"
-                                   for t in ts})) for n, ts in accept.items()}
-    return {n: tuple(ts) for n, ts in accept.items()}, want
-
-
-_ACCEPT, _WANT = _accepted()
-# Beyond these a value is damage, not a run: counts an analysis loops over (2**40 steps is 35
-# years at one step a millisecond), times a calendar can show (year 33658), durations (30 years).
-_COUNT, _TIME, _DURATION = 2 ** 40, 1e12, 1e9
-_BOUNDS: dict[str, float] = {
-    **dict.fromkeys(("step", "proc", "calls", "count", "tensors", "saved_tensors", "rank",
-                     "local_rank", "world_size", "version", "id", "pid", "owner_pid", "exit_code",
-                     "signal", "samples", "dropped", "truncated", "requires_grad",
-                     "micro_batches"), _COUNT),
-    **dict.fromkeys(("t", "start", "end", "started", "ended", "heartbeat", "applied", "attached",
-                     "process_started"), _TIME),
-    **dict.fromkeys(("forward_s", "backward_s", "duration_s"), _DURATION),
-}

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from memscope import __version__
-from memscope.store import spill
+from memscope.redact import DEFAULT as DEFAULT_REDACTION, Redaction
+from memscope.store import reserve, spill
 from memscope.store.schema import APPLICATION_ID, RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
@@ -125,8 +126,10 @@ def _remove(path: str, suffixes: tuple[str, ...]) -> None:
             raise RunFileError(f"{path + suffix}: cannot remove it ({exc.strerror})") from None
 
 
-def create_run(path: str, command: list[str], started: float | None = None) -> None:
-    """Create the run file with its single run row (status ``running``).
+def create_run(path: str, command: list[str], started: float | None = None,
+               redaction: Redaction = DEFAULT_REDACTION) -> None:
+    """Create the run file with its single run row (status ``running``), the command stored as
+    ``redaction`` says (by default: secrets replaced by ``***``, memscope/redact.py).
 
     On failure nothing is left behind (the caller checked with :func:`prepare_path` that
     nothing was there) and the error says what SQLite or the system said (disk full...)."""
@@ -138,7 +141,7 @@ def create_run(path: str, command: list[str], started: float | None = None) -> N
                 conn.execute(
                     "INSERT OR IGNORE INTO run (id, command, cwd, host, memscope_version, started,"
                     " status, owner_pid) VALUES (1, ?, ?, ?, ?, ?, 'running', ?)",
-                    (json.dumps(command), os.getcwd(), socket.gethostname(), __version__,
+                    (json.dumps(redaction.argv(command)), os.getcwd(), socket.gethostname(), __version__,
                      started or time.time(), os.getpid()),
                 )
         finally:
@@ -170,8 +173,13 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def register_process(path: str, info: dict[str, Any]) -> int:
-    """Insert this process's row and return its id (the ``proc`` of every row it writes)."""
+def register_process(path: str, info: dict[str, Any],
+                     redaction: Redaction = DEFAULT_REDACTION) -> int:
+    """Insert this process's row and return its id (the ``proc`` of every row it writes).
+    ``info["argv"]``, a list, is stored as ``redaction`` says."""
+    info = dict(info)
+    if isinstance(info.get("argv"), (list, tuple)):
+        info["argv"] = json.dumps(redaction.argv(info["argv"]))
     conn = connect_rw(path)
     try:
         with conn:
@@ -214,7 +222,10 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
                 replayed = spill.replay_all(path, conn)
             except OSError:
                 replayed = 0  # unreadable: the rows in it are lost (the writer counted what it could)
-            lost = _lost_writers(conn, storage)
+            lost = _silent_agents(conn, ended) + _lost_writers(conn, storage)
+            # the room a killed process kept on the disk (memscope/store/reserve.py)
+            reserve.remove_left(path, [int(p) for (p,) in conn.execute(
+                "SELECT pid FROM processes WHERE status = 'running'") if isinstance(p, int)])
             if replayed:
                 lost.append((f"recording recovered at the end of the run: {replayed} rows the "
                              "training could not write (the file was locked or refused writes) "
@@ -247,6 +258,30 @@ def finish_run(path: str, exit_code: int | None, signal: int | None,
         conn.close()
 
 
+SILENT_AFTER_S = 2.0  # a process row with no write for this long after its start: its agent never ran
+
+
+def _silent_agents(conn: sqlite3.Connection, ended: float) -> list[tuple[str, dict[str, Any]]]:
+    """Processes whose agent registered them and then wrote nothing (no heartbeat after the
+    first, no sample, no step) though the run went on: memscope's thread never ran there, and
+    the agent could not even say so itself. Said by the supervisor."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    rows = conn.execute("SELECT id, pid, started, heartbeat FROM processes WHERE status = 'running'"
+                        " AND (heartbeat IS NULL OR heartbeat < started + 1.0)").fetchall()
+    for proc, pid, started, beat in rows:
+        if not isinstance(started, (int, float)) or ended - started < SILENT_AFTER_S:
+            continue
+        wrote = conn.execute("SELECT EXISTS (SELECT 1 FROM samples WHERE proc = ?) OR EXISTS "
+                             "(SELECT 1 FROM steps WHERE proc = ?) OR EXISTS (SELECT 1 FROM events "
+                             "WHERE proc = ?)", (proc, proc, proc)).fetchone()[0]
+        if not wrote:
+            out.append((f"recording of pid {pid} never started: its agent registered the process and "
+                        f"wrote nothing after it ({ended - started:.0f} s before the run ended: "
+                        "memscope's thread did not run there); that process went on unrecorded",
+                        {"proc": proc, "pid": pid, "started": started, "last_heartbeat": beat}))
+    return out
+
+
 def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[str, dict[str, Any]]]:
     """One event per process that never wrote its end: when it was last heard from, and why
     that may be (the disk). A process that ended by a signal never says goodbye either: the
@@ -269,9 +304,13 @@ def _lost_writers(conn: sqlite3.Connection, storage: str | None) -> list[tuple[s
 
 
 def add_event(path: str, kind: str, message: str, data: dict[str, Any] | None = None,
-              proc: int | None = None) -> bool:
+              proc: int | None = None, redaction: Redaction = DEFAULT_REDACTION) -> bool:
     """One event written outside any agent (the supervisor, a process memscope does not record);
-    best effort: whether it is in the file."""
+    best effort: whether it is in the file. A command in ``data`` (``command``, ``argv``: a list)
+    is stored as ``redaction`` says."""
+    if data is not None:
+        data = {k: redaction.argv(v) if k in ("command", "argv") and isinstance(v, (list, tuple)) else v
+                for k, v in data.items()}
     try:
         conn = connect_rw(path)
     except (sqlite3.Error, OSError, RunFileError):

@@ -91,7 +91,7 @@ def _write(path: str, snapshot_path: str, s: Summary) -> None:
     devices = sorted(s.devices)
     device = "cpu" if not devices and not s.traces else (
         f"cuda:{devices[0]}" if len(devices) == 1 else "cuda")
-    proc = register_process(path, {"pid": 0, "argv": json.dumps(["import", snapshot_path]),
+    proc = register_process(path, {"pid": 0, "argv": ["import", snapshot_path],
                                    "device": device, "options": json.dumps({"imported": snapshot_path}),
                                    "started": now, "ended": now, "status": "stopped"})
     rows: list[tuple[Any, ...]] = []

@@ -2,9 +2,8 @@
 
 A run of a million steps has a million rows: the readers ask SQLite for counts, maxima, the
 median and single rows (one pass over the table, then lookups by the primary key), never for
-every row as Python objects. The damage checks :class:`RunReader` applies to rows it returns
-apply here to each column's maximum, read in the same pass, so a damaged file still fails with
-one line.
+every row as Python objects. :class:`RunReader` checks every column these queries read
+(memscope/store/column_guard.py), so a damaged file still fails with one line.
 
     with RunReader("run.db") as reader:
         stats = step_stats(reader)          # {proc: StepStats}
@@ -18,13 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memscope.store.schema import RunFileError
-
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
 
 PEAK_COLUMNS = ("peak_rss", "peak_allocated")
-REQUIRED = ("proc", "step", "start", "end", "status")  # NOT NULL in the schema
 
 
 @dataclass(frozen=True)
@@ -56,42 +52,18 @@ def step_stats(reader: "RunReader") -> dict[int, StepStats]:
     for column in PEAK_COLUMNS:
         maxima.append(f"max(CASE WHEN status = 'ok' THEN {column} END)")
         maxima.append(f"max(CASE WHEN status IN ('ok', 'failed') THEN {column} END)")
-    missing = " OR ".join(f"{c} IS NULL" for c in REQUIRED[1:])
     sql = (f"SELECT count(*), sum(status = 'ok'), max(CASE WHEN status = 'ok' THEN step END), "
-           f"{', '.join(maxima)}, sum({missing}), {_checked(reader)} FROM {scan_source(reader, 'steps')}"
-           " GROUP BY proc ORDER BY proc")
+           f"{', '.join(maxima)}, proc FROM {scan_source(reader, 'steps')} GROUP BY proc ORDER BY proc")
     out: dict[int, StepStats] = {}
-    for row in reader.rows(sql):  # the checked columns' maxima pass RunReader's checks
+    for row in reader.rows(sql):
         rows, ok, last_ok, *rest = row
-        peak_values, nulls, proc = rest[:4], rest[4], rest[5]
-        if nulls or proc is None:
-            _no_value(reader)
+        peak_values, proc = rest[:4], rest[4]
         peaks = {}
         for i, column in enumerate(PEAK_COLUMNS):
             peaks[(column, False)] = _int(peak_values[2 * i])
             peaks[(column, True)] = _int(peak_values[2 * i + 1])
         out[int(proc)] = StepStats(int(proc), int(rows), int(ok or 0), _int(last_ok), peaks)
     return out
-
-
-def _no_value(reader: "RunReader") -> None:
-    """The schema says NOT NULL and SQLite enforced it on write: a NULL read back is a damaged
-    record (flipped bits in its header)."""
-    for column in REQUIRED:
-        if reader.scalar(f"SELECT count(*) FROM steps WHERE {column} IS NULL"):
-            raise RunFileError(f"{reader.path}: damaged run file: a steps row has no {column}")
-
-
-def _checked(reader: "RunReader") -> str:
-    """The maximum of each column the readers aggregate, under its own name: text or a blob sorts
-    above any number in SQLite, so a value of the wrong type, or too large, shows there, where
-    :meth:`RunReader.rows` checks it. ``proc`` first: it names the group."""
-    have = set(reader.columns("steps"))
-    out = ["max(proc) AS proc"]
-    for column in ("step", "start", "end", "status", "peak_rss", "peak_allocated", "end_rss", "end_allocated"):
-        if column in have:
-            out.append(f'max("{column}") AS "{column}"')
-    return ", ".join(out)
 
 
 def peak_step(reader: "RunReader", proc: int, column: str, value: int, with_failed: bool = True) -> int | None:

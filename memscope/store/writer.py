@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from memscope.store import fold, spill
+from memscope.store import fold, reserve, spill
 from memscope.store.closing import ClosingConnection
 from memscope.store.schema import RunFileError, migrate
 from memscope.turns import TurnThread
@@ -220,6 +220,9 @@ class RunWriter:
         self._side_ids: dict[str, tuple[int, int]] = {}  # the -wal / -shm beside our file
         self._spill_offset = 0  # bytes of the spill file already replayed into the run file
         self._spill_rows = 0  # rows in the spill file not yet replayed
+        # room on the disk for the end of the run (memscope/store/reserve.py): made once the file
+        # is open, given back at close (first, on a disk that filled up)
+        self._reserve = reserve.Reserve(path)
         self.fold_state: fold.FoldState | None = fold.FoldState()  # None: folding stopped
         self.fold_error: str | None = None  # why folding stopped (a bug: rows stay whole)
         self._fold_at = 0.0
@@ -376,6 +379,7 @@ class RunWriter:
             return RETRY_S[min(self._open_tries - 1, len(RETRY_S) - 1)]
         self._opened = True
         self._busy_since = None
+        self._reserve.make()
         return 0.0  # what waited: at once
 
     def _try_s(self) -> float:
@@ -408,6 +412,8 @@ class RunWriter:
                     self._spill(rows, self.last_error or "locked")
                     self.handed_off = self._spill_rows
                     return
+            if self.degraded_since is not None and "full" in (self.last_error or ""):
+                self._reserve.release()  # room for what is waiting, within the margin, and the count
             self._attempt(self._drain_now(), final=True)
             while self._waiting() and time.monotonic() < self._deadline:
                 time.sleep(TURN_RETRY_S)
@@ -425,6 +431,7 @@ class RunWriter:
                 except sqlite3.Error:
                     pass
                 self._conn = None
+            self._reserve.release()
             self._done.set()
 
     def _finish_tail(self) -> None:
@@ -432,6 +439,14 @@ class RunWriter:
             self._attempt([], final=True)  # last try: the file may have room again
         if not self._pending and not self._spill_rows and self.degraded_since is None:
             self._fold(time.time())  # the steps since the last fold, but for the tail
+        if self._pending and "full" in (self.last_error or ""):
+            # a full disk: the spill file would only take the room kept for the count and the
+            # end of the run (memscope/store/reserve.py); what did not fit is lost, and counted
+            rows = [it for it in self._pending if not getattr(it, "meta", False)]
+            with self._lock:
+                self._count_drop(False, f"{self.last_error}; written up to the room kept for the end "
+                                        "of the run", len(rows), sum(_is_step(it) for it in rows))
+            self._pending = []
         if self._pending:  # not written: to the spill file for the supervisor, else lost
             self._spill(self._pending, self.last_error or "write failed")
             self._pending = []
@@ -716,7 +731,7 @@ class RunWriter:
                 "dropped": self.dropped, "error": self._drop_reason}
         event = _Insert("events", self._event_row("recording_incomplete", message, data))
         try:
-            left, refusal = self._write_all([], [event])
+            left, refusal = self._write_all([event], [])  # first: within the margin kept for it
         except Exception as exc:  # noqa: BLE001
             left, refusal = [event], exc
         if refusal is not None or left:
@@ -806,6 +821,10 @@ class RunWriter:
                 todo.append(first)
         while todo:
             chunk = todo.pop()
+            if self._closing and self.degraded_since is not None and chunk is not first and self._short_of_room():
+                # the room left is for the count of what is lost and the end of the run
+                return chunk + [it for rest in reversed(todo) for it in rest], \
+                    _FileRefused(sqlite3.OperationalError("database or disk is full"))
             try:
                 try:
                     self._write(self._connection(), chunk)
@@ -825,6 +844,13 @@ class RunWriter:
                 else:
                     self._rejected(chunk[0], str(exc))
         return [], None
+
+    def _short_of_room(self) -> bool:
+        """A full disk at close, under the margin kept for the count and the run's end."""
+        if "full" not in (self.last_error or ""):
+            return False
+        free = reserve.free_bytes(self.path)
+        return free is not None and free < reserve.MARGIN_BYTES
 
     def _rejected(self, item: object, error: str) -> None:
         if getattr(item, "meta", False):

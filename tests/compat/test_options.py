@@ -31,6 +31,8 @@ VALUES: dict[str, tuple[list[str], str, Any, Any]] = {
     "--max-steps": (["--max-steps", "5"], "max_steps", 5, 5),
     "--try": (["--try", "mixed_precision"], "try_techniques", ["mixed_precision"], ["mixed_precision"]),
     "--simulate-gpu": (["--simulate-gpu", "1GiB"], "simulate_gpu", "1GiB", GIB),
+    "--redact": (["--redact", "dsn"], "redact_patterns", ["dsn"], ["dsn"]),
+    "--no-redact": (["--no-redact"], "redact", False, False),
 }
 SPECIAL = {"--db", "--force", "--headless"}  # the run file (db, force); attach's dashboard
 

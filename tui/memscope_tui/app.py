@@ -31,6 +31,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
 from memscope.display import shown, shown_text
+from memscope.store.schema import RunFileError
 from memscope_tui.data import HeadSource, Selection, Snapshot, load_snapshot, with_head
 from memscope_tui.views import View
 from memscope_tui.views.breakdown import BreakdownView
@@ -241,7 +242,7 @@ class MemscopeApp(App[int]):
             first, self._first = self._first, None
             snapshot = first.result() if first is not None else self._head.read()
         except Exception as exc:  # noqa: BLE001 - a live file can fail a read; say so, keep going
-            self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}", full=False))
+            self.post_message(self.LoadFailed(_failure(exc), full=False))
         else:
             self.post_message(self.Loaded(snapshot))
 
@@ -250,7 +251,7 @@ class MemscopeApp(App[int]):
         try:
             snapshot = load_snapshot(self.db, selection)
         except Exception as exc:  # noqa: BLE001 - a live file can fail a read; say so, keep going
-            self.post_message(self.LoadFailed(f"{type(exc).__name__}: {exc}"))
+            self.post_message(self.LoadFailed(_failure(exc)))
         else:
             self.post_message(self.Loaded(snapshot))
 
@@ -466,3 +467,9 @@ def run_app(db: str, attached: bool = False, first: Future[Snapshot] | None = No
     app = MemscopeApp(db, attached=attached, first=first, head=head, by_pid=by_pid)
     app.run()
     return int(app.return_code or 0)
+
+
+def _failure(exc: BaseException) -> str:
+    """A failed read in words: a damaged or unusable file's own line (``RUN.db: damaged run
+    file: steps.end holds NULL ...``), anything else with its kind."""
+    return str(exc) if isinstance(exc, RunFileError) else f"{type(exc).__name__}: {exc}"

@@ -39,7 +39,9 @@ from memscope.agent.collectors.oom_hooks import alloc_conf
 from memscope.agent.collectors.sampler import RssReader, Sampler, StepPeak, rss_high_water_mark
 from memscope.agent.collectors.steps import StepTracker
 from memscope.agent.runtime import interrupts
+from memscope.agent.runtime.exec_hook import ExecHook
 from memscope.agent.runtime.watchdog import SupervisorWatch
+from memscope.redact import Redaction
 from memscope.store.runs import finish_run, register_process
 from memscope.store.schema import RunFileError
 from memscope.store.writer import RunWriter
@@ -111,6 +113,8 @@ class Agent:
                               self._leaks.live_tensors)
         self._watch: SupervisorWatch | None = None
         self._whatif: Any = None  # memscope.agent.whatif.techniques.Controller, when wanted
+        self._exec = ExecHook(self._before_exec)  # os.execv* flushes and ends the record first
+        self._pid = os.getpid()
         self._block_profile: Any = None  # memscope.agent.whatif.sac_once.OnceProfile
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -122,7 +126,7 @@ class Agent:
             "rank": _env_int("RANK"),
             "local_rank": _env_int("LOCAL_RANK"),
             "world_size": _env_int("WORLD_SIZE"),
-            "argv": json.dumps(sys.argv),
+            "argv": list(sys.argv),
             "device": "cpu",
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -131,7 +135,7 @@ class Agent:
             "heartbeat": time.time(),
             "status": "running",
             **(self.attach.process_fields() if self.attach is not None else {}),
-        })
+        }, redaction=Redaction.from_options(self.options))
         # the writer stamps this row about every second: heartbeat, drop count, samples so far
         self._writer.proc_id = self.proc_id
         self._writer.samples = lambda: self.samples
@@ -148,6 +152,7 @@ class Agent:
             self._whatif = Controller(self)
             self._guard_call("techniques", self._whatif.install)
         self._guard_call("interrupts", lambda: interrupts.install(self._on_thread_soon))  # ^C goes on
+        self._guard_call("exec", self._exec.install)
         self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
         if block_profile_wanted(self.options):
             from memscope.agent.whatif.sac_once import OnceProfile
@@ -163,9 +168,24 @@ class Agent:
             self._watch.start()
             self._turns.every(self._watch.interval, self._watch.check)  # no thread of its own
         self._turns.add(self._sampler, self._sampler.interval)
-        self._turns.start()
+        try:
+            self._turns.start()
+        except Exception as exc:  # RuntimeError: can't start new thread (a thread or memory limit)
+            self._thread_failed(exc)
+            raise
         if self.attach is None:
             self._layers_next(0)  # attached: at the first boundary (Attachment.anchored)
+
+    def _thread_failed(self, exc: BaseException) -> None:
+        """memscope's thread did not start: nothing would write the rows. Said in the run file
+        (written here, on the training's thread: the writer writes synchronously without its
+        thread), then every hook is removed and the process row ended, so the training goes
+        on as it would without memscope."""
+        why = f"{type(exc).__name__}: {exc}"
+        self.event("agent_failed", f"recording stopped in pid {os.getpid()}: memscope's thread could "
+                                   f"not start ({why}); the training went on unrecorded",
+                   {"pid": os.getpid(), "error": why})
+        self.stop()
 
     def _on_thread_soon(self, call: Any) -> bool:
         """Run ``call`` once on memscope's thread, now; False when that thread is not running."""
@@ -216,6 +236,7 @@ class Agent:
             pass
         self._guard_call("oom", self._oom_finish)
         self._guard_call("compile", compiled_seen.stop)
+        self._guard_call("exec", self._exec.remove)
         self.running = False
         self._writer.close()
         if self._nvml is not None:
@@ -242,6 +263,32 @@ class Agent:
             except Exception:  # noqa: BLE001 - inert already
                 pass
         self._late_stops = []
+
+    def _before_exec(self, name: str, args: tuple[Any, ...]) -> None:
+        """``os.<name>(*args)`` is about to replace this process's program (an exec: said in an
+        event) or end it without exit handlers (``_exit``): end the record first (flushed, the
+        process row ended); a new program that imports torch under attach is recorded as a
+        process of its own. Not in a forked child (nothing of ours runs there)."""
+        if not self.running or os.getpid() != self._pid:
+            return
+        if name == "_exit":  # the process ends without its exit handlers: the agent's stop first
+            self._stop_for_good()
+            return
+        argv = [str(a) for a in args[1]] if len(args) > 1 and isinstance(args[1], (list, tuple)) else []
+        argv = Redaction.from_options(self.options).argv(argv)
+        step = self._tracker.step
+        self.event("exec", f"pid {os.getpid()} replaced its program with os.{name} ({' '.join(argv[:8])}) "
+                           f"during step {step}: its record ends there, flushed",
+                   {"pid": os.getpid(), "call": name, "argv": argv, "step": step})
+        self._stop_for_good()
+
+    def _stop_for_good(self) -> None:
+        from memscope.agent.runtime import api  # the one agent of the process: its stop, as at exit
+
+        if api.current() is self:
+            api.stop()
+        else:
+            self.stop()
 
     def disable_after_fork(self) -> None:
         """In a forked child (a DataLoader worker): inherited hooks become no-ops; no threads

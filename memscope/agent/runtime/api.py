@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from memscope.agent.runtime.config import ENV_DB, AgentOptions
 from memscope.agent.runtime.agent import Agent
+from memscope.redact import Redaction
 from memscope.store.runs import create_run, default_db_path, prepare_path
 from memscope.store.schema import RunFileError
 
@@ -66,7 +67,8 @@ def start(db: str | None = None, force: bool = False, name: str | None = None, *
             path = _next_free(path)
         try:
             prepare_path(path, force, force_word="force=True")
-            create_run(path, [sys.executable, "-m", "ipykernel_launcher"] if kernel else [sys.executable, *sys.argv])
+            create_run(path, [sys.executable, "-m", "ipykernel_launcher"] if kernel else [sys.executable, *sys.argv],
+                       redaction=Redaction.from_options(opts))
         except RunFileError as exc:
             raise ApiError(str(exc)) from None
         _recorded.append(os.path.abspath(path))
@@ -154,8 +156,15 @@ def profile(db: str | None = None, name: str | None = None, **options: Any) -> I
 
 
 def _after_fork_in_child() -> None:
-    if _agent is not None:
+    if _agent is not None and _agent.running:
         _agent.disable_after_fork()
+        # not recorded (a DataLoader worker trains nothing); one that trains says so
+        try:
+            from memscope.agent.runtime.unrecorded import watch_unrecorded_training
+
+            watch_unrecorded_training(_agent.db, f"forked from pid {os.getppid()} (os.fork)", forked=True)
+        except Exception:  # noqa: BLE001 - never a failure of the user's fork
+            pass
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -78,37 +78,11 @@ def _start() -> None:
 
 
 def _watch_unrecorded_training() -> None:
-    """A multiprocessing child is not recorded (DataLoader workers are many and train nothing).
-    One that trains (its optimizer steps) says so in the run file, once: a script that trains
-    only in a spawned child must not end with an empty record and no reason."""
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-    except Exception:  # noqa: BLE001 - an old torch: nothing to watch with
-        return
-    said: list[bool] = []
+    """A multiprocessing child is not recorded (DataLoader workers are many and train nothing);
+    one that trains says so in the run file (memscope/agent/runtime/unrecorded.py)."""
+    from memscope.agent.runtime.unrecorded import watch_unrecorded_training
 
-    def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
-        # left installed (removing a hook while torch iterates over them breaks the step);
-        # it does nothing after the first call, or once the process records itself
-        if said:
-            return
-        said.append(True)
-        try:
-            from memscope.agent.runtime.api import current
-            from memscope.store.runs import add_event
-
-            if current() is not None:  # memscope.start() in the child: it is recorded
-                return
-
-            add_event(os.environ[ENV_DB], "agent_missing",
-                      f"recording incomplete: pid {os.getpid()}, a process started by "
-                      "multiprocessing, trains (its optimizer stepped) but is not recorded: call "
-                      "memscope.start() at the top of the function it runs (it joins this run file)",
-                      {"pid": os.getpid(), "parent": os.getppid()})
-        except Exception:  # noqa: BLE001 - a note, never a failure of the user's step
-            return
-
-    register_optimizer_step_post_hook(stepped)
+    watch_unrecorded_training(os.environ[ENV_DB], "a process started by multiprocessing")
 
 
 class _TorchWatcher(importlib.abc.MetaPathFinder):

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from memscope.redact import check_pattern
 from memscope.units import parse_size
 
 ENV_DB = "MEMSCOPE_DB"
@@ -59,6 +60,10 @@ class AgentOptions:
     # block profiled op by op, once, on a step after warm-up (hooks on that block instance only,
     # removed right after; memscope.agent.whatif.sac_once). Off in whatif's own runs.
     block_profile: bool = True
+    # the command line as stored (memscope/redact.py): values of secret options and URL user
+    # information replaced by ***, names matching any of ``redact_patterns`` too; False keeps it whole
+    redact: bool = True
+    redact_patterns: list[str] = field(default_factory=list)
 
     def validate(self) -> "AgentOptions":
         if not 0.1 <= self.sample_hz <= 1000:
@@ -90,6 +95,12 @@ class AgentOptions:
             raise ValueError(f"sac_save must be a list of op names like 'aten.mm', not {self.sac_save!r}")
         if isinstance(self.sac_blocks, bool) or not isinstance(self.sac_blocks, int) or self.sac_blocks < 0:
             raise ValueError(f"sac_blocks must be an integer >= 0, not {self.sac_blocks!r}")
+        if not isinstance(self.redact, bool):
+            raise ValueError(f"redact must be True or False, not {self.redact!r}")
+        if not isinstance(self.redact_patterns, (list, tuple)):
+            raise ValueError(f"redact_patterns must be a list of regular expressions, not {self.redact_patterns!r}")
+        for pattern in self.redact_patterns:
+            check_pattern(pattern)
         if self.queue_size < 100:
             raise ValueError("queue_size must be at least 100")
         return self
@@ -108,6 +119,8 @@ class AgentOptions:
         values = dict(values)
         if isinstance(values.get("simulate_gpu"), str):  # "24GiB" in Python as on the command line
             values["simulate_gpu"] = parse_size(values["simulate_gpu"])
+        if isinstance(values.get("redact_patterns"), str):  # one pattern
+            values["redact_patterns"] = [values["redact_patterns"]]
         if isinstance(values.get("try_techniques"), str):  # one technique, or "a,b"
             values["try_techniques"] = [t for t in values["try_techniques"].split(",") if t]
         if "inventory_every" in values and "inventory_budget" not in values:
