@@ -22,7 +22,8 @@ def start(db: str | None = None, **options: Any) -> "Agent":
     """Start recording this process into run file ``db`` (returns the running agent).
 
     Under ``memscope attach`` the agent is already running and is returned as it is.
-    Options: ``sample_hz`` (20), ``nvml_interval`` (1.0 s), ``force`` (overwrite ``db``).
+    Options: ``sample_hz`` (20), ``nvml_interval`` (1.0 s), ``force`` (overwrite ``db``),
+    ``group_readable`` (the run file 0640 instead of 0600).
     """
     from memscope.agent.runtime.api import start as _start
 

@@ -66,6 +66,9 @@ def step_stats(reader: "RunReader") -> dict[int, StepStats]:
         peak_values, nulls, proc = rest[:4], rest[4], rest[5]
         if nulls or proc is None:
             _no_value(reader)
+            # the table says none (a lookup through the index), the scan found one: damaged
+            raise RunFileError(f"{reader.path}: damaged run file: a steps row has a NULL the "
+                               "schema forbids (its table and index disagree)")
         peaks = {}
         for i, column in enumerate(PEAK_COLUMNS):
             peaks[(column, False)] = _int(peak_values[2 * i])

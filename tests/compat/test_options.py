@@ -32,7 +32,8 @@ VALUES: dict[str, tuple[list[str], str, Any, Any]] = {
     "--try": (["--try", "mixed_precision"], "try_techniques", ["mixed_precision"], ["mixed_precision"]),
     "--simulate-gpu": (["--simulate-gpu", "1GiB"], "simulate_gpu", "1GiB", GIB),
 }
-SPECIAL = {"--db", "--force", "--headless"}  # the run file (db, force); attach's dashboard
+# the run file (db, force, its mode); attach's dashboard
+SPECIAL = {"--db", "--force", "--group-readable", "--headless"}
 
 
 def readme_table() -> dict[str, str]:
@@ -49,6 +50,7 @@ def test_the_table_names_a_python_keyword_for_every_option() -> None:
     for flag, (_, keyword, _, _) in VALUES.items():
         assert f"`{keyword}=" in table[flag], (flag, table[flag])
     assert "`force=True`" in table["--force"] and "`db`" in table["--db"]
+    assert "`group_readable=True`" in table["--group-readable"]
     assert table["--headless"].startswith("—")
 
 

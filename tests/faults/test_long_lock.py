@@ -23,8 +23,8 @@ import pytest
 
 from faults.runs import LOOP, finish, integrity, report, start_attach, steps_recorded, wait_steps, wait_until
 from memscope.store.reader import RunReader
-from memscope.store.runs import create_run, register_process
-from memscope.store.spill import spill_files, spill_path, total_size
+from memscope.store.runs import create_run, register_writer
+from memscope.store.spill import spill_files, total_size
 from memscope.store.writer import RunWriter
 
 pytestmark = pytest.mark.timeout(180)
@@ -166,10 +166,13 @@ def _training_gone(supervisor: int) -> bool:
 def test_rows_that_cannot_be_spilled_are_counted_as_lost_steps(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     create_run(str(db), ["python", "train.py"])
-    proc = register_process(str(db), {"pid": 1, "started": time.time(), "status": "running"})
-    os.mkdir(spill_path(str(db)))  # the spill file cannot be written
+    proc, made = register_writer(str(db), {"pid": 1, "started": time.time(), "status": "running"})
+    assert made is not None
+    os.remove(made.path)
+    os.mkdir(made.path)  # the spill file cannot be written (and is never made again elsewhere)
     writer = RunWriter(str(db), flush_interval=0.02, busy_timeout=0.1, spill_after=5)
     writer.proc_id = proc
+    writer.use_spill(made)
     writer.start()
     lock = Lock(db)
     for step in range(30):
@@ -194,13 +197,18 @@ def test_a_fresh_spill_file_is_a_sign_of_life(tmp_path: Path) -> None:
     # its spill file while a lock holds it off
     db = tmp_path / "r.db"
     create_run(str(db), ["python", "train.py"], started=time.time() - 600)
-    register_process(str(db), {"pid": 1, "host": "elsewhere", "started": time.time() - 600,
-                               "heartbeat": time.time() - 600, "status": "running"})
+    _, made = register_writer(str(db), {"pid": 1, "host": "elsewhere", "started": time.time() - 600,
+                                        "heartbeat": time.time() - 600, "status": "running"})
+    assert made is not None
+    os.utime(made.path, (time.time() - 600, time.time() - 600))  # made with the run, 10 minutes ago
     conn = sqlite3.connect(db)
     conn.execute("UPDATE run SET host = 'elsewhere'")
     conn.commit()
     conn.close()
     assert socket.gethostname() != "elsewhere"
     assert status_now(db) == "abandoned"
-    Path(spill_path(str(db), 1)).write_text('{"pid": 1}\n')
+    planted = Path(f"{db}-spill-{'0' * 32}")  # a file the run did not make: no sign of life
+    planted.write_text('{"pid": 1}\n')
+    assert status_now(db) == "abandoned"
+    made.touch()
     assert status_now(db) == "running"

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from memscope.agent.runtime.config import ENV_DB, AgentOptions
 from memscope.agent.runtime.agent import Agent
-from memscope.store.runs import create_run, default_db_path, prepare_path
+from memscope.store.runs import new_run
 
 _agent: Agent | None = None
 _lock = threading.Lock()
@@ -22,7 +22,11 @@ def current() -> Agent | None:
     return _agent if _agent is not None and _agent.running else None
 
 
-def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
+def start(db: str | None = None, force: bool = False, group_readable: bool = False,
+          **options: Any) -> Agent:
+    """Record this process into the run file ``db`` (default: ``memscope-<script>-<time>.db``
+    here, another unpredictable name when that one is taken). ``force`` replaces an existing
+    run file; ``group_readable`` makes the file 0640 (default 0600)."""
     if db is None and os.environ.get(ENV_DB) and current() is None:
         # under memscope attach (a process the bootstrap did not arm: a spawned child that
         # trains): join attach's run file as one more process
@@ -32,9 +36,8 @@ def start(db: str | None = None, force: bool = False, **options: Any) -> Agent:
         if _agent is not None and _agent.running:
             return _agent
         opts = AgentOptions.from_mapping(options)
-        path = db or default_db_path(sys.argv)
-        prepare_path(path, force, force_word="force=True")
-        create_run(path, [sys.executable, *sys.argv])
+        path, _ = new_run(db, sys.argv, [sys.executable, *sys.argv], force, force_word="force=True",
+                          group_readable=group_readable)
         _agent = Agent(path, opts, owns_run=True)
         _agent.start()
         atexit.register(stop)
@@ -74,7 +77,7 @@ def step() -> None:
 
 @contextmanager
 def profile(db: str | None = None, **options: Any) -> Iterator[Agent]:
-    agent = start(db, **options)
+    agent = start(db, **options)  # force, group_readable among them
     try:
         yield agent
     finally:
