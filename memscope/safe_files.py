@@ -150,7 +150,16 @@ def _readlink(path: str) -> str:
 def put_in_place(tmp: str, final: str, what: str = "") -> None:
     """Rename ``tmp`` to ``final`` when ``final`` is nothing or a regular file (never over a
     device, a FIFO, a link or a directory that appeared meanwhile); ``tmp`` is removed when
-    refused. Nothing there: a hard link, which fails rather than replace what appears."""
+    refused or when the rename fails. Nothing there: a hard link, which fails rather than
+    replace what appears."""
+    try:
+        _put_in_place(tmp, final, what)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _put_in_place(tmp: str, final: str, what: str) -> None:
     where = f"{what} {final}".strip()
     for _ in range(3):
         try:
@@ -277,11 +286,10 @@ def make_dir(path: str, group_readable: bool = False) -> None:
     """A directory memscope creates for the user's files (0700, or 0750 for group read, whatever
     the umask); one that exists is kept as it is."""
     mode = 0o750 if group_readable else 0o700
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        os.makedirs(parent, exist_ok=True)
     try:
-        os.mkdir(path, mode)
+        os.makedirs(path, mode)
     except FileExistsError:
-        return
+        if os.path.isdir(path):
+            return
+        raise
     os.chmod(path, mode)  # (the umask took bits away)

@@ -277,3 +277,19 @@ def test_nobody_writes_helper_makes_their_file(tmp_path: Path) -> None:
     with shared_dir(0o1777) as where:
         nobody_writes(where / "x", "theirs")
         assert (where / "x").stat().st_uid == 65534 and (where / "x").read_text() == "theirs"
+
+
+def test_a_link_at_the_dashboards_log_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """attach with the dashboard in the foreground writes the training's output to RUN.db.log,
+    a name memscope chose: a link there is refused (attach then runs headless, saying why)."""
+    from memscope.cli.tui import Foreground
+    from memscope.errors import UserError
+
+    victim = tmp_path / "victim"
+    victim.write_text("someone's\n")
+    db = tmp_path / "r.db"
+    Path(f"{db}.log").symlink_to(victim)
+    fg = Foreground(str(db))
+    with pytest.raises(UserError, match="r.db.log: is a symbolic link"):
+        fg.start()
+    assert fg.tui is None and victim.read_text() == "someone's\n"

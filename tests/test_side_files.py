@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from faults.runs import LOOP, finish, start_attach, steps_recorded, wait_steps, wait_until
+from faults.runs import (LOOP, Lock, finish, listen, start_attach, steps_recorded, training_gone, wait_steps,
+                         wait_until)
 from memscope.store import spill
 from memscope.store.reader import RunReader
 from memscope.store.runs import create_run, finish_run, register_writer
@@ -47,27 +47,6 @@ ENDLESS = json.dumps({"x": "UPDATE processes SET argv = (WITH RECURSIVE c(i) AS 
 PLANTS = {"1": FORGED_ROWS, "2": SQL_TEXT, "3": ENDLESS}
 
 
-class Lock:
-    """A real second connection holding BEGIN EXCLUSIVE on the run file."""
-
-    def __init__(self, db: Path) -> None:
-        self.conn = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
-        self.conn.execute("BEGIN EXCLUSIVE")
-
-    def release(self) -> None:
-        self.conn.execute("COMMIT")
-        self.conn.close()
-
-
-def _training_gone(supervisor: int) -> bool:
-    import psutil
-
-    try:
-        return not psutil.Process(supervisor).children()
-    except psutil.Error:
-        return True
-
-
 @pytest.fixture(scope="module")
 def planted() -> Iterator[dict[str, Any]]:
     """The run: held at step 20, locked, the files planted by the second user, the last 20
@@ -76,49 +55,33 @@ def planted() -> Iterator[dict[str, Any]]:
     with shared_dir(0o1777) as where:
         db = where / "run.db"
         go_on = where / "go-on"
-        env_keep = {k: os.environ.get(k) for k in ("MEMSCOPE_BUSY_TIMEOUT", "MEMSCOPE_SPILL_AFTER")}
-        os.environ.update(MEMSCOPE_BUSY_TIMEOUT="0.3", MEMSCOPE_SPILL_AFTER="40")
-        try:
-            proc = start_attach(db, LOOP, "--steps", str(STEPS), "--hold-at", "20", "--hold-file", str(go_on))
-        finally:
-            for k, v in env_keep.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        said: list[str] = []
-        waits = threading.Event()
-
-        def read_stderr() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                said.append(line)
-                if "is locked by another process" in line:
-                    waits.set()
-                    return
-
+        proc = start_attach(db, LOOP, "--steps", str(STEPS), "--hold-at", "20", "--hold-file", str(go_on),
+                            env_extra={"MEMSCOPE_BUSY_TIMEOUT": "0.3", "MEMSCOPE_SPILL_AFTER": "40"})
         wait_steps(db, 20, proc)
         lock = Lock(db)
         try:
             for name, text in PLANTS.items():
                 nobody_writes(f"{db}-spill-{name}", text)
+            said, waits = listen(proc, "is locked by another process")
             go_on.touch()
-            listener = threading.Thread(target=read_stderr, daemon=True)
-            listener.start()
-            wait_until(lambda: _training_gone(proc.pid), timeout=90, what="the training to end")
+            wait_until(lambda: training_gone(proc.pid), timeout=90, what="the training to end")
             assert waits.wait(timeout=60), "".join(said)
             ours = [p for p in spill.spill_files(str(db)) if p.rsplit("-", 1)[1] not in PLANTS]
             waiting = sum(os.path.getsize(p) for p in ours)
+            modes = {os.path.basename(p): os.stat(p).st_mode & 0o777 for p in [db, f"{db}-wal", *ours]}
         finally:
             lock.release()
         released = time.monotonic()
-        listener.join(timeout=30)
         code, _out, err = finish(proc, timeout=60)
         yield {"db": db, "code": code, "stderr": "".join(said) + err, "after_release": time.monotonic() - released,
-               "ours": ours, "waiting": waiting, "left": sorted(os.listdir(where))}
+               "ours": ours, "waiting": waiting, "left": sorted(os.listdir(where)), "modes": modes}
 
 
 def test_planted_spill_files_are_never_replayed(planted: dict[str, Any]) -> None:
     db = planted["db"]
     assert planted["code"] == 0, planted["stderr"]
     assert planted["ours"] and planted["waiting"] > 200  # this run's own rows did wait in its file
+    assert set(planted["modes"].values()) == {0o600}, planted["modes"]  # attach's run file, -wal, spill file
     # the run's figures are the training's: every step once, none forged, no OOM, argv untouched
     assert steps_recorded(db) == list(range(STEPS))
     with RunReader(db) as reader:

@@ -87,7 +87,7 @@ def run_recorded(script: str, script_args: Sequence[str], db: str,
     opts = AgentOptions.from_mapping(options)
     command = [sys.executable, script, *script_args]
     log = os.path.splitext(db)[0] + ".log"
-    target(log, "whatif:", named=False)  # a link or a FIFO at the log's name: refused, before the run
+    target(log, named=False)  # a link or a FIFO at the log's name: refused, before the run
     prepare_path(db, force=True)
     create_run(db, ["python", script, *script_args], group_readable=group_readable)
     env = child_environment(db, opts.to_json(), command)
@@ -105,7 +105,7 @@ def run_recorded(script: str, script_args: Sequence[str], db: str,
         except BaseException:
             os.remove(tmp)
             raise
-    put_in_place(tmp, log, "whatif:")
+    put_in_place(tmp, log)
     code, sig = (None, -proc.returncode) if proc.returncode < 0 else (proc.returncode, None)
     if sig is not None:
         record_killed(db, sig)

@@ -273,13 +273,18 @@ def check_row(row: Row, proc: int | None) -> str | None:
     return None
 
 
-def _parse(line: bytes) -> Row | None:
-    """One line as a row, or None when it is not one memscope writes."""
+def _object(line: bytes) -> dict[str, Any] | None:
     try:
         item = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(item, dict):
+    return item if isinstance(item, dict) else None
+
+
+def _parse(line: bytes) -> Row | None:
+    """One line as a row, or None when it is not one memscope writes."""
+    item = _object(line)
+    if item is None:
         return None
     try:
         if set(item) == {"t", "r"} and isinstance(item["r"], dict):
@@ -299,11 +304,8 @@ def _parse(line: bytes) -> Row | None:
 
 def _header(line: bytes) -> str | None:
     """The token of a spill file's first line, or None."""
-    try:
-        item = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(item, dict) and item.get(HEADER) == 1 and isinstance(item.get("token"), str):
+    item = _object(line)
+    if item is not None and item.get(HEADER) == 1 and isinstance(item.get("token"), str):
         return str(item["token"])
     return None
 
