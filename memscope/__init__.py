@@ -29,7 +29,7 @@ def start(db: str | None = None, name: str | None = None, **options: Any) -> "Ag
     ``db`` defaults to ``memscope-SCRIPT-STAMP.db`` (in a notebook: the notebook's name); a path
     this process recorded into before gets the next number (``nb-2.db``). ``name``: the run's
     name (reports show it). Options: ``sample_hz`` (20), ``nvml_interval`` (1.0 s), ``force``
-    (overwrite ``db``).
+    (overwrite ``db``), ``group_readable`` (the run file 0640 instead of 0600).
     """
     from memscope.agent.runtime.api import start as _start
 

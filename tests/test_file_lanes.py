@@ -55,14 +55,33 @@ def test_files_before_the_first_failure_are_left(oom_example_run: Path, tmp_path
 
 @pytest.mark.parametrize("lanes", [1, 2, 4])
 def test_every_file_written(oom_example_run: Path, tmp_path: Path, lanes: int) -> None:
-    (tmp_path / "b.csv").symlink_to(tmp_path / "elsewhere")  # replaced, never written through
+    (tmp_path / "b.csv").write_text("an older export\n")  # a regular file: replaced
     jobs = [Job(f"{n}.csv", i * BIG) for i, n in enumerate("abcde")]
     with RunReader(oom_example_run) as reader:
         assert write_files(reader, str(tmp_path), jobs, WRITER, lanes=lanes) == {j.name: 2 for j in jobs}
-    assert sorted(os.listdir(tmp_path)) == [j.name for j in jobs]
-    assert not (tmp_path / "b.csv").is_symlink() and not (tmp_path / "elsewhere").exists()
+    assert sorted(os.listdir(tmp_path)) == [j.name for j in jobs]  # no temporary file left
+    assert all((tmp_path / j.name).stat().st_mode & 0o777 == 0o600 for j in jobs)  # private, umask or not
     pids = {(tmp_path / j.name).read_text().split()[1] for j in jobs}
     assert len(pids) == lanes and str(os.getpid()) in pids  # this process and its children
+
+
+@pytest.mark.parametrize("what", ["link", "fifo"])
+def test_a_link_or_fifo_at_a_files_name_is_refused_before_anything_is_written(
+        oom_example_run: Path, tmp_path: Path, what: str) -> None:
+    """The names are memscope's (a table's): a link there is never followed, nor replaced (issue
+    34: an export wrote through a link planted at its temporary name)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("someone's file\n")
+    if what == "link":
+        (tmp_path / "b.csv").symlink_to(elsewhere)
+    else:
+        os.mkfifo(tmp_path / "b.csv")
+    jobs = [Job(f"{n}.csv", i * BIG) for i, n in enumerate("abc")]
+    refused = "b.csv: (is a symbolic link|exists and is a FIFO)"
+    with RunReader(oom_example_run) as reader, pytest.raises(UserError, match=refused):
+        write_files(reader, str(tmp_path), jobs, WRITER, lanes=2)
+    assert sorted(os.listdir(tmp_path)) == ["b.csv", "elsewhere"]  # nothing written, nothing left
+    assert elsewhere.read_text() == "someone's file\n"
 
 
 @pytest.mark.parametrize("python", ["/bin/false", "/no/such/python"])  # it fails; it cannot start

@@ -56,7 +56,7 @@ def test_writer_batches_in_order_and_flushes_on_close(tmp_path: Path) -> None:
     writer.start()
     for i in range(500):
         assert writer.insert("samples", {"proc": proc, "t": float(i), "step": i // 100, "rss": i})
-    writer.execute("UPDATE samples SET rss = 123456789 WHERE t = 0")  # applied after the inserts
+    writer.update("samples", {"t": 0.0}, {"rss": 123456789})  # applied after the inserts
     writer.close()
     with RunReader(db) as reader:
         assert reader.sample_count() == 500

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Sequence
 from memscope.agent.runtime.config import TECHNIQUES, AgentOptions
 from memscope.units import parse_size
 from memscope.cli.errors import CliError
-from memscope.display import safe_lines
+from memscope.display import safe_lines, shown_text
 from memscope.redact import Redaction
 from memscope.agent.runtime.config import ENV_DB_ID
 from memscope.store import spill
-from memscope.store.runs import (compact, create_run, default_db_path, discard_run, file_id,
-                                 finish_run, prepare_path, wait_writable)
+from memscope.store.runs import (compact, discard_run, file_id, finish_run, new_run,
+                                 wait_writable)
 from memscope.store.schema import RunFileError
 from memscope.runners.empty import why_no_agent
 from memscope.runners.isolated import rewrite
@@ -41,6 +41,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH",
                         help="run file to write (default: memscope-<script>-<time>.db here)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing run file")
+    parser.add_argument("--group-readable", action="store_true",
+                        help="create the run file (and its -wal, -shm and spill files) 0640, "
+                             "readable by the file's group; default 0600, whatever the umask")
     parser.add_argument("--headless", action="store_true",
                         help="no dashboard; print a one-line summary when the run ends")
     parser.add_argument("--sample-hz", type=float, default=AgentOptions.sample_hz, metavar="HZ",
@@ -195,7 +198,7 @@ def _wait_for_lock(db: str) -> bool:
     """Wait, however long, for another process's lock on the run file to go: the training's
     last rows (in the spill file) and the run's end are written then. ^C gives up (False)."""
     waiting = spill.total_size(db)
-    where = spill.spill_path(db, 0)[:-2] + "-*"
+    where = f"{db}{spill.SUFFIX}-*"
 
     def say() -> None:
         rows = f"; {waiting // 1024} KiB of rows wait in {where}" if waiting else ""
@@ -243,16 +246,14 @@ def main(argv: Sequence[str]) -> int:
             check_module(command[2])
         except LaunchError as exc:
             raise CliError(f"attach: {exc}") from None
-    db = args.db or default_db_path(command)
-    prepare_path(db, args.force)
     # As the user would type it: "python train.py ..." for a script, the command as given after --
     shown = ["python", *command[1:]] if via_python else list(command)
     try:
-        create_run(db, shown, redaction=redaction)
+        db, created = new_run(args.db, command, shown, args.force, group_readable=args.group_readable,
+                              redaction=redaction)
     except RunFileError as exc:
-        storage = storage_problem(db)
+        storage = storage_problem(args.db or "memscope.db") if "cannot create" in str(exc) else None
         raise CliError(f"{exc}{f' ({storage})' if storage else ''}") from None
-    created = file_id(db)
     env = child_environment(db, options.to_json(), command)
     if created is not None:
         env[ENV_DB_ID] = f"{created[0]}:{created[1]}"
@@ -269,9 +270,13 @@ def main(argv: Sequence[str]) -> int:
         from memscope.cli.tui import Foreground, dashboard_installed
 
         if dashboard_installed():
-            foreground = Foreground(db)
+            foreground = Foreground(db, args.group_readable)
             env.setdefault("PYTHONUNBUFFERED", "1")  # its output streams to the log, then the terminal
-            foreground.start()
+            try:
+                foreground.start()
+            except (OSError, CliError) as exc:  # (a link or a FIFO planted at RUN.db.log)
+                print(f"memscope: {shown_text(str(exc))}; running headless", file=sys.stderr)
+                foreground = None
         else:
             print("memscope: no dashboard (pip install ./tui for memscope-tui); running headless",
                   file=sys.stderr)
@@ -281,7 +286,7 @@ def main(argv: Sequence[str]) -> int:
         try:
             child = run_child(child_command, env, meanwhile=_import_reading_side)
         except LaunchError as exc:
-            discard_run(db)  # nothing ran: no run file to leave behind
+            discard_run(db, created)  # nothing ran: no run file to leave behind
             raise CliError(f"attach: {exc}") from None
         gone = _file_gone(db, created)
         if gone is not None:  # someone else's file (or none): never write into it
@@ -294,14 +299,19 @@ def main(argv: Sequence[str]) -> int:
         if recorded and blind is None:
             _explain_empty(db, command, redaction)
         storage = storage_problem(db)
+        ignored: list[str] = []
         try:
             if recorded:
                 contained = finish_run(db, child.exit_code, child.signal, ended=child.ended,
-                                       status=child.run_status, storage=storage)
+                                       status=child.run_status, storage=storage, ignored=ignored)
         except RunFileError as exc:  # the training's outcome stands; say what is missing
             recorded = False
             why = f" ({storage})" if storage else ""
             print(f"memscope: warning: {exc}{why}; the run file is incomplete", file=sys.stderr)
+        if ignored:  # planted beside the run file, or changed since: never replayed
+            print("memscope: warning: " + shown_text(f"ignored {len(ignored)} file(s) beside {db} that "
+                             f"this run did not make (not replayed): {'; '.join(ignored)}"),
+                  file=sys.stderr)
     finally:
         if foreground is not None:
             foreground.stop()  # the dashboard now shows how it ended; wait for the user's q

@@ -11,7 +11,6 @@ from memscope.cli.errors import CliError
 from memscope.display import safe_lines
 from memscope.node import attach_session
 from memscope.node.target import TargetError
-from memscope.store.runs import default_db_path, prepare_path
 
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
@@ -55,17 +54,18 @@ def run(args: argparse.Namespace) -> int:
         target = inspect(pid)  # refusals before any file is made
     except TargetError as exc:
         raise CliError(f"attach: {exc}") from None
-    db = args.db or default_db_path(target.argv)
-    prepare_path(db, args.force)
+    del target  # inspected again by attach(), a moment later
 
     def say(line: str) -> None:
         print(safe_lines(line), file=sys.stderr)
 
     try:
-        session = attach_session.attach(pid, db, options, max_steps=args.max_steps, debugger=args.debugger,
-                                        timeout=args.attach_timeout, say=say)
+        session = attach_session.attach(pid, args.db, options, max_steps=args.max_steps, debugger=args.debugger,
+                                        timeout=args.attach_timeout, force=args.force,
+                                        group_readable=args.group_readable, say=say)
     except (TargetError, attach_session.AttachError) as exc:
         raise CliError(f"attach: {exc}") from None
+    db = session.db
     say(f"memscope: attached to pid {pid} in {session.seconds_to_agent:.1f} s; recording into {db} "
         f"(detach: ^C, memscope detach {pid}{', --duration' if args.duration else ''})")
     interrupted = attach_session.interrupt_counter()

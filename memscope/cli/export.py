@@ -6,13 +6,13 @@ import argparse
 import os
 import sqlite3
 import sys
-from contextlib import contextmanager
-from typing import Iterator, TextIO
 
 from memscope.cli.errors import CliError
 from memscope.report.chrome import write_chrome_trace
 from memscope.report.csv_export import write_directory, write_timeline
 from memscope.report.sql_text import lenient_text
+from memscope.cli.file_options import add_group_readable
+from memscope.safe_files import Output
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
 
@@ -26,6 +26,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", metavar="DIR_OR_FILE",
                         help="a directory: timeline.csv and one CSV per table; a *.csv file or -:"
                              " the memory timeline only")
+    add_group_readable(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,11 +40,12 @@ def run(args: argparse.Namespace) -> int:
         reader.conn.text_factory = lenient_text
         try:
             if args.chrome:
-                with open_output(args.chrome, "export: --chrome") as f:
+                out = Output(args.chrome, "export: --chrome", group_readable=args.group_readable)
+                with out as f:
                     n = write_chrome_trace(reader, f)
-                _note(f"chrome trace: {args.chrome} ({n} events)")
+                _note(f"chrome trace: {out.shown} ({n} events)")
             if args.csv:
-                _export_csv(reader, args.csv)
+                _export_csv(reader, args.csv, args.group_readable)
         except sqlite3.DatabaseError as exc:
             raise RunFileError(f"{args.db}: damaged run file ({exc})") from None
         except BrokenPipeError:
@@ -53,11 +55,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_csv(reader: RunReader, target: str) -> None:
+def _export_csv(reader: RunReader, target: str, group_readable: bool) -> None:
     if target == "-" or (target.lower().endswith(".csv") and not os.path.isdir(target)):
-        with open_output(target, "export: --csv") as f:
+        out = Output(target, "export: --csv", group_readable=group_readable)
+        with out as f:
             n = write_timeline(reader, f)
-        _note(f"csv: {target} ({n} rows)")
+        _note(f"csv: {out.shown} ({n} rows)")
         return
     if os.path.exists(target) and not os.path.isdir(target):
         raise CliError(f"export: --csv {target}: exists and is not a directory"
@@ -66,40 +69,10 @@ def _export_csv(reader: RunReader, target: str) -> None:
     if not os.path.isdir(parent):
         raise CliError(f"export: --csv {target}: directory {parent} does not exist")
     try:
-        written = write_directory(reader, target)
+        written = write_directory(reader, target, group_readable)
     except OSError as exc:
         raise CliError(f"export: --csv {target}: {exc.strerror or exc}") from None
     _note(f"csv: {os.path.join(target, '')} ({len(written)} files, {written.get('timeline.csv', 0)} timeline rows)")
-
-
-@contextmanager
-def open_output(path: str, what: str) -> Iterator[TextIO]:
-    """A text file to write, ``-`` for stdout. Written beside the target and renamed into place
-    at the end, so a failed export never leaves a half-written file under the asked name."""
-    if path == "-":
-        yield sys.stdout
-        sys.stdout.flush()
-        return
-    if os.path.isdir(path):
-        raise CliError(f"{what} {path}: is a directory")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise CliError(f"{what} {path}: directory {parent} does not exist")
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        f = open(tmp, "w", encoding="utf-8", newline="")
-    except OSError as exc:
-        raise CliError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
-    try:
-        with f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _note(line: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from memscope.cli.file_options import add_group_readable
 from memscope.store.snapshot import import_snapshot
 
 HELP = "import a torch.cuda.memory._dump_snapshot pickle into a run file (read safely)"
@@ -15,10 +16,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="file written by torch.cuda.memory._dump_snapshot")
     parser.add_argument("--db", metavar="RUN.db", required=True, help="run file to create")
     parser.add_argument("--force", action="store_true", help="overwrite an existing run file")
+    add_group_readable(parser, "the run file")
 
 
 def run(args: argparse.Namespace) -> int:
-    counts = import_snapshot(args.snapshot, args.db, args.force)
+    counts = import_snapshot(args.snapshot, args.db, args.force, args.group_readable)
     print(f"memscope: {args.db}: {counts['segments']} segment(s) on {counts['devices']} device(s), "
           f"{counts['ooms']} out-of-memory event(s); see memscope oom {args.db}", file=sys.stderr)
     return 0

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from memscope.cli.errors import CliError
+from memscope.cli.file_options import add_group_readable
 from memscope.store.merge import LiveInputs, merge_runs
 from memscope.store.merge_check import NotOneJob
 
@@ -24,12 +25,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-live", action="store_true",
                         help="merge inputs whose runs are still being written (what they hold "
                              "so far; a warning names them)")
+    add_group_readable(parser, "OUT.db")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         result = merge_runs(args.out, args.inputs, force=args.force,
-                            one_job=not args.allow_unrelated, allow_live=args.allow_live)
+                            one_job=not args.allow_unrelated, allow_live=args.allow_live,
+                            group_readable=args.group_readable)
     except LiveInputs as exc:
         raise CliError(f"merge: inputs {exc}; wait for them to end, or pass --allow-live to "
                        "merge what they hold so far") from None

@@ -8,6 +8,7 @@ import sys
 
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.cli.errors import CliError
+from memscope.cli.file_options import add_group_readable
 from memscope.report.json_report import report_from_summary
 from memscope.report.text import render_summary
 from memscope.store.reader import RunReader
@@ -22,6 +23,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="OUT.html",
                         help="also write a self-contained HTML report (memory chart, hotspots, leaks,"
                              " suggestions, OOM); prints no text report unless --json")
+    add_group_readable(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     with RunReader(args.db) as reader:
         summary = summarize(reader)
         if args.html:
-            _write_html(reader, summary, args.html)
+            _write_html(reader, summary, args.html, args.group_readable)
     if args.json:
         print(json.dumps(report_from_summary(summary), indent=2))
     elif not args.html:
@@ -42,15 +44,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_html(reader: RunReader, summary: RunSummary, path: str) -> None:
-    from memscope.cli.export import open_output
+def _write_html(reader: RunReader, summary: RunSummary, path: str, group_readable: bool) -> None:
     from memscope.report.html import render_html
+    from memscope.safe_files import Output
 
     page = render_html(reader, summary)  # built first: a failure leaves no file behind
-    with open_output(path, "report: --html") as f:
+    out = Output(path, "report: --html", group_readable=group_readable)
+    with out as f:
         f.write(page)
     if path != "-":
-        print(f"memscope: wrote {path} ({len(page.encode()) // 1024} KiB)", file=sys.stderr)
+        print(f"memscope: wrote {out.shown} ({len(page.encode()) // 1024} KiB)", file=sys.stderr)
 
 
 def _node_report(args: argparse.Namespace) -> int:

@@ -84,9 +84,10 @@ class Foreground:
     ended) puts the terminal back and waits for the user to close the dashboard.
     """
 
-    def __init__(self, db: str) -> None:
+    def __init__(self, db: str, group_readable: bool = False) -> None:
         self.db = db
         self.log_path = db + ".log"
+        self.group_readable = group_readable
         self.tui: subprocess.Popen[bytes] | None = None
         self._saved: dict[int, int] = {}
         self._closed = threading.Event()    # the dashboard process exited
@@ -94,6 +95,11 @@ class Foreground:
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        """Start the dashboard; OSError (UnsafeOutput: a link or a FIFO at RUN.db.log) when the
+        training's output has nowhere to go, before anything is started."""
+        from memscope.safe_files import file_mode, replace_new
+
+        log = open(replace_new(self.log_path, file_mode(self.group_readable)), "wb")  # memscope's name: made new
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across exec
         try:
             self.tui = subprocess.Popen([sys.executable, "-m", "memscope", "tui", "--attached", self.db])
@@ -110,7 +116,6 @@ class Foreground:
         os.dup2(write_end, 1)
         os.dup2(write_end, 2)
         os.close(write_end)
-        log = open(self.log_path, "wb")
         masks = hasattr(signal, "pthread_sigmask")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, _SUPERVISED) if masks else set()
         try:  # the threads inherit the blocked mask

@@ -16,10 +16,12 @@ from memscope.analysis.suggestions import checkpoint_plan_for, suggest
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json
 from memscope.cli.errors import CliError
+from memscope.cli.file_options import add_group_readable
 from memscope.cli.whatif_selective import SelectiveTrial
 from memscope.runners.fix_leak import MIN_STEPS, try_fix_leak
 from memscope.runners.script_estimate import run_recorded
 from memscope.units import human_bytes
+from memscope.safe_files import make_dir
 from memscope.store.reader import RunReader
 
 HELP = "run a script with and without a memory-saving technique; measured vs estimated saving"
@@ -29,7 +31,8 @@ _MEASURES = {"tensor_peak": "peak of live tensor bytes (exact, per step)",
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "memscope whatif [--try TECHNIQUE ...] [--steps N] [--db-dir DIR] [--json] SCRIPT.py [ARGS...]"
+    parser.usage = ("memscope whatif [--try TECHNIQUE ...] [--steps N] [--db-dir DIR] [--group-readable] [--json] "
+                    "SCRIPT.py [ARGS...]")
     parser.add_argument("--try", dest="techniques", action="append", default=[], metavar="TECHNIQUE",
                         help=f"technique to try, repeatable ({', '.join(TECHNIQUES)}; default: all); "
                              "fix_leak, on its own, patches the lines that stored the leaks in a copy "
@@ -39,6 +42,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db-dir", metavar="DIR",
                         help="where the run files go, created if missing (default: a new temp dir)")
     parser.add_argument("--json", action="store_true", help="print the memscope.whatif/1 JSON document")
+    add_group_readable(parser, "the run files, logs and copies in --db-dir")
     parser.add_argument("script", metavar="SCRIPT.py", help="training script, run unchanged")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="the script's own arguments")
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if os.path.exists(args.db_dir) and not os.path.isdir(args.db_dir):
             raise CliError(f"whatif: --db-dir {args.db_dir}: exists and is not a directory")
         try:
-            os.makedirs(args.db_dir, exist_ok=True)  # as export --csv DIR does
+            make_dir(args.db_dir, args.group_readable)  # as export --csv DIR does
         except OSError as exc:
             raise CliError(f"whatif: --db-dir {args.db_dir}: {exc.strerror or exc}") from None
         if not os.access(args.db_dir, os.W_OK | os.X_OK):
@@ -109,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         db = os.path.join(workdir, f"whatif-{stem}-{label}.db")
         print(f"memscope whatif: {label}: {args.steps} steps of {args.script} ...", file=sys.stderr)
         return run_recorded(args.script, args.script_args, db,
-                            {**options, "try_techniques": tries, "checkpoint_plan": plan, **more})
+                            {**options, "try_techniques": tries, "checkpoint_plan": plan, **more},
+                            group_readable=args.group_readable)
 
     base_run = one("baseline", [], sac_profile="selective_checkpointing" in techniques)
     if not base_run.ok:
@@ -205,7 +210,8 @@ def _fix_leak(args: argparse.Namespace, workdir: str) -> int:
     the copy rerun; what went away and what it saved."""
     print(f"memscope whatif: fix_leak: {max(args.steps, MIN_STEPS)} steps of {args.script}, then a patched "
           "copy ...", file=sys.stderr)
-    result, last = try_fix_leak(args.script, args.script_args, workdir, args.steps, {})
+    result, last = try_fix_leak(args.script, args.script_args, workdir, args.steps, {},
+                                group_readable=args.group_readable)
     if result is None:
         print(f"memscope: error: whatif: a fix_leak run failed ({_why(last)}): {last.last_error()} "
               f"(log: {last.log})", file=sys.stderr)

@@ -23,13 +23,16 @@ class Session:
                  options: dict[str, Any]) -> None:
         options = dict(options)
         force = options.pop("force", False)  # as memscope.start(): about the run file
-        if not isinstance(force, bool):
-            raise ValueError(f"force must be True or False, not {force!r}")
+        group_readable = options.pop("group_readable", False)
+        for key, value in (("force", force), ("group_readable", group_readable)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be True or False, not {value!r}")
         AgentOptions.from_mapping(options)  # a bad option fails here, before any training
         self.framework = framework
         self.db = db
         self.name = name
         self.force = force
+        self.group_readable = group_readable
         self.options = options
         self.owns_agent = False  # this session started the agent, so it stops it
         self.active = False
@@ -43,7 +46,7 @@ class Session:
 
         agent = api.current()
         if agent is None:
-            agent = api.start(self.db, force=self.force, **self.options)
+            agent = api.start(self.db, force=self.force, group_readable=self.group_readable, **self.options)
             self.owns_agent = True
         self.active = True
         self._last_step = int(global_step)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from memscope.node import debuggers
 from memscope.node.bootstrap_text import pending_call
 from memscope.node.target import Target, inspect, open_run_files, start_time
-from memscope.store.runs import add_event, create_run, discard_run, file_id, finish_run
+from memscope.store.runs import add_event, discard_run, finish_run, new_run
 
 EVENT_DETACH_REQUEST = "detach_requested"  # the agent's side: memscope.agent.runtime.attached
 GRACE_S = 5.0  # after the deadline: a bootstrap that started just before it still shows up
@@ -123,27 +123,28 @@ def _remote_exec(target: Target, code: bytes) -> tuple[int | None, str]:
     return None, where
 
 
-def attach(pid: int, db: str, options: dict[str, Any], *, max_steps: int = 0, debugger: str = "auto",
-           timeout: float = 15.0, shown: Callable[[Target], list[str]] | None = None,
+def attach(pid: int, db: str | None, options: dict[str, Any], *, max_steps: int = 0, debugger: str = "auto",
+           timeout: float = 15.0, force: bool = False, group_readable: bool = False,
+           shown: Callable[[Target], list[str]] | None = None,
            say: Callable[[str], None] | None = None) -> Session:
-    """Start the agent in ``pid``, recording into the new run file ``db`` (checked by the caller
-    with prepare_path). Raises TargetError / AttachError (one line each); on failure the run
-    file is removed and the target left running."""
-    target = inspect(pid)
-    method = _method(target, debugger)
-    command = shown(target) if shown is not None else target.argv
+    """Start the agent in ``pid``, recording into a new run file: ``db``, or with None a default
+    name after the target's script (:func:`memscope.store.runs.new_run`: made exclusively, 0600).
+    Raises TargetError / AttachError / RunFileError (one line each); on failure the run file is
+    removed and the target left running."""
     from memscope.agent.runtime.config import AgentOptions  # options only: no torch
     from memscope.redact import Redaction
 
-    create_run(db, command, redaction=Redaction.from_options(AgentOptions.from_mapping(options)))
-    created = file_id(db)
+    target = inspect(pid)
+    method = _method(target, debugger)
+    command = shown(target) if shown is not None else target.argv
+    redaction = Redaction.from_options(AgentOptions.from_mapping(options))
+    db, created = new_run(db, target.argv, command, force, group_readable=group_readable, redaction=redaction)
     try:
         if target.uid != os.geteuid():
             os.chown(db, target.uid, -1)  # the agent inside writes it as the target's user
         return _inject(target, db, created, options, max_steps, method, timeout, say)
     except BaseException:
-        if file_id(db) == created:
-            discard_run(db)
+        discard_run(db, created)  # only the file this call made
         raise
 
 

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from memscope import __version__
+from memscope.safe_files import create_new
 from memscope.store.schema import RunFileError
 
 NODE_APPLICATION_ID = 0x4D454D4E  # "MEMN" (a run file is "MEMS")
@@ -100,19 +101,15 @@ def default_node_path() -> str:
 
 
 def _claim(path: str) -> None:
-    """Create an empty file at ``path`` exclusively, never through a link, 0600 whatever the umask.
-    (memscope.store.runs gets the project's one such function on another branch: this becomes
-    a call to it once that is merged.)"""
+    """Create an empty file at ``path`` as every memscope file is made (memscope.safe_files:
+    exclusively, never through a link, 0600 whatever the umask)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = create_new(path)
     except FileExistsError:
         raise RunFileError(f"{path}: created at the same moment by another process; choose another path") from None
     except OSError as exc:
         raise RunFileError(f"{path}: cannot create the node file ({exc.strerror})") from None
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _check_existing(path: str) -> None:

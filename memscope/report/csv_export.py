@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from memscope.errors import UserError
 from memscope.report.file_lanes import Job, write_files
+from memscope.safe_files import make_dir
 from memscope.report.sql_text import (FORMULA_START, Unchecked, after_key, csv_line, csv_text, floats_round_trip,
                                        joined_chunks, write_chunk)
 from memscope.report.table_text import columns_of, typed_lines
@@ -189,18 +190,18 @@ def _sql_cell(column: str) -> str:
             f" WHEN typeof({q}) = 'blob' THEN lower(hex({q})) ELSE {q} END")
 
 
-def write_directory(reader: RunReader, directory: str) -> dict[str, int]:
-    """``timeline.csv`` and one CSV per known table into ``directory`` (created if missing; its
-    parent must exist). Refuses a ``directory`` that is a file or a symbolic link. Returns
-    {file name: data rows}."""
+def write_directory(reader: RunReader, directory: str, group_readable: bool = False) -> dict[str, int]:
+    """``timeline.csv`` and one CSV per known table into ``directory`` (created 0700, 0750 for
+    group read, if missing; its parent must exist). Refuses a ``directory`` that is a file or a
+    symbolic link. Returns {file name: data rows}."""
     if os.path.islink(directory.rstrip(os.sep) or directory):  # "link/" follows the link
         raise UserError(f"export: --csv {directory}: is a symbolic link; give the directory itself")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserError(f"export: --csv {directory}: exists and is not a directory")
-    os.makedirs(directory, exist_ok=True)
+    make_dir(directory, group_readable)
     jobs = [Job("timeline.csv", 8 * sum(_rows(reader, t) for t in TIMELINE_TABLES))]
     jobs += [Job(f"{t}.csv", len(reader.columns(t)) * _rows(reader, t)) for t in tables(reader)]
-    return write_files(reader, directory, jobs, f"{__name__}:write_named")
+    return write_files(reader, directory, jobs, f"{__name__}:write_named", group_readable=group_readable)
 
 
 def write_named(reader: RunReader, name: str, out: TextIO) -> int:

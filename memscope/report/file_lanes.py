@@ -5,11 +5,14 @@ the least work so far. Processes, not threads: SQLite makes the text and lets go
 lock, but its allocator's statistics take one mutex per allocation (SQLITE_CONFIG_MEMSTATUS,
 on in the usual builds, not settable from Python): two threads spent 75% more CPU than one.
 
-Each file is written to a new file beside its name (``O_EXCL``, never through a symlink) and
+Each file is written to a new temporary file beside its name (``mkstemp``: exclusive, 0600 or
+0640, never through a symlink; a child gets its files' descriptors, never a path to open) and
 renamed over the name once every lane is done, in the jobs' order, up to the first that failed:
 what the export leaves is what writing them one after the other would have left (the files
-before the first failure), and that failure is raised. On an interrupt the children are ended
-and what every lane wrote is removed.
+before the first failure), and that failure is raised. The names are memscope's own (a table's),
+so only a regular file or nothing there is replaced: a symbolic link, a FIFO or a device at one
+is refused before anything is written (memscope/safe_files.py). On an interrupt the children are
+ended and what every lane wrote is removed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 from typing import Any, Callable, NamedTuple, TextIO
 
 from memscope.errors import UserError
+from memscope.safe_files import file_mode, new_temp, put_in_place, target
 from memscope.report.sql_text import lenient_text
 from memscope.store.reader import RunReader
 
@@ -43,15 +47,25 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str, lanes: int = 0) -> dict[str, int]:
+def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str, lanes: int = 0,
+                group_readable: bool = False) -> dict[str, int]:
     """Write every job's file into ``directory`` with ``writer`` (``module:function``, a
     :data:`Writer`, importable by a child); return {name: data rows}. ``lanes``: 0 one a core
     (at most :data:`MAX_LANES`), 1 one file after the other, in this process (so is a small
-    export, under :data:`ONE_LANE_BELOW`)."""
+    export, under :data:`ONE_LANE_BELOW`). Files 0600 (0640 with ``group_readable``)."""
     for job in jobs:
         if os.path.basename(job.name) != job.name or job.name in (".", ".."):  # known tables only; checked anyway
             raise UserError(f"export: refusing to write {job.name!r}: not a plain file name")
-    temps = {job.name: f"{os.path.join(directory, job.name)}.tmp{os.getpid()}" for job in jobs}
+        target(os.path.join(directory, job.name), "export:", named=False)  # nothing but a file there
+    mode = file_mode(group_readable)
+    temps: dict[str, str] = {}
+    fds: dict[str, int] = {}  # the descriptors of temporary files no lane has taken yet
+
+    def fresh(name: str) -> int:
+        fd, temps[name] = new_temp(directory, name, mode)
+        return fd
+
+    renamed: set[str] = set()
     if reader.conn.text_factory not in (str, lenient_text) or sum(j.cost for j in jobs) < ONE_LANE_BELOW:
         lanes = 1  # a child reads as the CLI does; a small export is done before a child starts
     shares = _share(jobs, min(lanes or min(cores(), MAX_LANES), len(jobs)))
@@ -60,18 +74,23 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
     try:
         stopped: BaseException | None = None
         try:
+            for job in jobs:
+                fds[job.name] = fresh(job.name)
             lenient = reader.conn.text_factory is lenient_text
-            children = [_start(reader.path, lenient, writer, [(n, temps[n]) for n in share]) for share in shares[1:]]
+            for share in shares[1:]:
+                children.append(_start(reader.path, lenient, writer, [(n, fds[n]) for n in share]))
+                for given in share:  # the child's now (or, with no child, redone on a new file)
+                    os.close(fds.pop(given))
             order = {job.name: i for i, job in enumerate(jobs)}
             failed = len(jobs)  # the first failure's place: the files after it are not needed
             for name in shares[0]:  # this process's lane
                 if order[name] < failed:
                     try:
-                        done[name] = _write_temp(reader, temps[name], _writer(writer), name)
+                        done[name] = _write_fd(reader, fds.pop(name), _writer(writer), name)
                     except Exception as exc:
                         done[name], failed = exc, order[name]
             for child, share in zip(children, shares[1:]):
-                done.update(_results(child, share, reader, writer, temps))
+                done.update(_results(child, share, reader, writer, temps, fresh))
         except BaseException as exc:  # a failure here, an interrupt
             stopped = exc
         written: dict[str, int] = {}
@@ -79,7 +98,8 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
             n = done.get(job.name)
             if not isinstance(n, int):
                 raise stopped or n or RuntimeError(f"export: {job.name} was not written")
-            os.replace(temps[job.name], os.path.join(directory, job.name))
+            put_in_place(temps[job.name], os.path.join(directory, job.name), "export:")
+            renamed.add(job.name)
             written[job.name] = n
         if stopped is not None:
             raise stopped
@@ -89,8 +109,11 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
             if child.poll() is None:
                 child.kill()
             child.wait()
-        for tmp in temps.values():  # what was not renamed into place
-            _remove(tmp)
+        for fd in fds.values():
+            os.close(fd)
+        for name, tmp in temps.items():  # what was not renamed into place
+            if name not in renamed:
+                _remove(tmp)
 
 
 def _share(jobs: list[Job], lanes: int) -> list[list[str]]:
@@ -105,19 +128,20 @@ def _share(jobs: list[Job], lanes: int) -> list[list[str]]:
     return [s for s in shares if s] or [[]]
 
 
-def _start(path: str, lenient: bool, writer: str, files: list[tuple[str, str]]) -> subprocess.Popen[bytes] | None:
+def _start(path: str, lenient: bool, writer: str, files: list[tuple[str, int]]) -> subprocess.Popen[bytes] | None:
     # the child imports what this process imported (the same memscope, wherever it came from)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     args = [sys.executable, "-m", __name__, writer, path, "lenient" if lenient else "str"]
     try:
-        return subprocess.Popen([*args, *(f"{name}={tmp}" for name, tmp in files)], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return subprocess.Popen([*args, *(f"{name}={fd}" for name, fd in files)], env=env,
+                                pass_fds=[fd for _, fd in files], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     except OSError:  # no interpreter to start (an embedded Python): this process does the share
         return None
 
 
 def _results(child: subprocess.Popen[bytes] | None, share: list[str], reader: RunReader, writer: str,
-             temps: dict[str, str]) -> dict[str, int | BaseException]:
+             temps: dict[str, str], fresh: Callable[[str], int]) -> dict[str, int | BaseException]:
     """A child's outcome per file; its files written here instead if it could not say (a child
     that did not start, or died)."""
     if child is not None:
@@ -132,7 +156,7 @@ def _results(child: subprocess.Popen[bytes] | None, share: list[str], reader: Ru
     for name in share:
         _remove(temps[name])
         try:
-            redone[name] = _write_temp(reader, temps[name], _writer(writer), name)
+            redone[name] = _write_fd(reader, fresh(name), _writer(writer), name)
         except Exception as exc:  # raised if it is the first failure in the jobs' order
             redone[name] = exc
     return redone
@@ -144,9 +168,8 @@ def _writer(writer: str) -> Writer:
     return found
 
 
-def _write_temp(reader: RunReader, tmp: str, write: Writer, name: str) -> int:
-    """``write`` ``name`` into a new file at ``tmp`` (never an existing file, never through a symlink)."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+def _write_fd(reader: RunReader, fd: int, write: Writer, name: str) -> int:
+    """``write`` ``name`` into the new temporary file open at ``fd`` (closed after)."""
     with open(fd, "w", newline="", encoding="utf-8") as f:
         return write(reader, name, f)
 
@@ -159,17 +182,18 @@ def _remove(path: str) -> None:
 
 
 def _lane(argv: list[str]) -> int:
-    """A child's lane: ``WRITER RUN.db lenient|str NAME=TEMP...``; every file's data rows or
-    exception, pickled to stdout."""
+    """A child's lane: ``WRITER RUN.db lenient|str NAME=FD...`` (FD: the descriptor of the
+    file's new temporary file, passed by the parent); every file's data rows or exception,
+    pickled to stdout."""
     writer, path, text, *files = argv
     results: dict[str, Any] = {}
     try:
         with RunReader(path) as reader:
             if text == "lenient":
                 reader.conn.text_factory = lenient_text
-            for name, _, tmp in (f.partition("=") for f in files):
+            for name, _, fd in (f.partition("=") for f in files):
                 try:
-                    results[name] = _write_temp(reader, tmp, _writer(writer), name)
+                    results[name] = _write_fd(reader, int(fd), _writer(writer), name)
                 except Exception as exc:
                     results[name] = exc
     except KeyboardInterrupt:  # the terminal's, with the parent's: it ends this lane

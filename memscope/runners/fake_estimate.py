@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import memscope
 from memscope.errors import UserError
+from memscope.safe_files import replace_new
 
 TRIAL_TIMEOUT = 600.0  # seconds for one fake run (a script that waits for input, say)
 START_TIMEOUT = 300.0  # importing torch on a loaded machine
@@ -115,7 +116,7 @@ class FakeRunner:
 
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
-            log = open(os.path.join(self.workdir, "server.log"), "w")
+            log = open(replace_new(os.path.join(self.workdir, "server.log")), "w")
             try:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "memscope.agent.fake.fakerun"], stdin=subprocess.PIPE,

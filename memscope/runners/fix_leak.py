@@ -7,7 +7,6 @@ line is copied, patched, beside the script and found first)."""
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -17,6 +16,7 @@ from memscope.analysis.node_cost import node_cost
 from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Measure, measure
 from memscope.runners.script_estimate import ChildRun, run_recorded
+from memscope.safe_files import make_dir, output
 from memscope.store.reader import RunReader
 
 MIN_STEPS = 12  # a leak is reported with its storing line by step 7
@@ -65,12 +65,14 @@ class FixLeakTrial:
 
 
 def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: int,
-                 options: dict[str, Any]) -> tuple[FixLeakTrial | None, ChildRun]:
-    """Baseline, patch, trial. Returns (None, the failed run) when a run fails."""
+                 options: dict[str, Any], group_readable: bool = False) -> tuple[FixLeakTrial | None, ChildRun]:
+    """Baseline, patch, trial. Returns (None, the failed run) when a run fails. The patched
+    copies go to ``WORKDIR/fix_leak/`` (memscope's names: made the safe way, 0600 or 0640)."""
     steps = max(steps, MIN_STEPS)
     opts = {**options, "max_steps": steps}
     stem = os.path.splitext(os.path.basename(script))[0]
-    base = run_recorded(script, script_args, os.path.join(workdir, f"whatif-{stem}-baseline.db"), opts)
+    base = run_recorded(script, script_args, os.path.join(workdir, f"whatif-{stem}-baseline.db"), opts,
+                        group_readable=group_readable)
     if not base.ok:
         return None, base
     with RunReader(base.db) as reader:
@@ -82,7 +84,7 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         result.note = f"no leak found in {steps} steps: nothing to fix"
         return result, base
     shadow = os.path.join(workdir, "fix_leak")
-    os.makedirs(shadow, exist_ok=True)
+    make_dir(shadow, group_readable)
     home = os.path.dirname(os.path.abspath(script))
     copies: dict[str, list[str]] = {}  # absolute path of a file -> its lines, patched so far
     for lk in leaks:
@@ -116,13 +118,16 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         result.note = "no storing line could be patched"
         return result, base
     copy = os.path.join(shadow, os.path.basename(script))
-    shutil.copyfile(script, copy)
+    with open(script, "rb") as src, output(copy, "whatif:", named=False, group_readable=group_readable,
+                                            binary=True) as f:
+        f.write(src.read())
     for full, lines in copies.items():
-        with open(os.path.join(shadow, os.path.basename(full)), "w", encoding="utf-8") as f:
+        with output(os.path.join(shadow, os.path.basename(full)), "whatif:", named=False,
+                    group_readable=group_readable) as f:
             f.writelines(lines)
     result.copy = copy
     trial = run_recorded(copy, script_args, os.path.join(workdir, f"whatif-{stem}-fix_leak.db"), opts,
-                         extra_path=home)
+                         extra_path=home, group_readable=group_readable)
     if not trial.ok:
         return None, trial
     with RunReader(trial.db) as reader:

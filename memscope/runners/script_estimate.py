@@ -36,6 +36,7 @@ from memscope.agent.runtime.config import AgentOptions
 from memscope.errors import UserError as CliError
 from memscope.units import human_bytes
 from memscope.store.reader import RunReader
+from memscope.safe_files import file_mode, new_temp, put_in_place, target
 from memscope.store.runs import create_run, finish_run, prepare_path
 from memscope.runners.fake_estimate import FakeResult, FakeRunner
 from memscope.runners.supervisor import child_environment, record_killed
@@ -76,26 +77,35 @@ class ChildRun:
 
 
 def run_recorded(script: str, script_args: Sequence[str], db: str,
-                 options: dict[str, Any], extra_path: str | None = None) -> ChildRun:
+                 options: dict[str, Any], extra_path: str | None = None,
+                 group_readable: bool = False) -> ChildRun:
     """Run ``python SCRIPT ARGS`` under the agent into a fresh run file ``db``; the child's
     output goes to ``db`` with ``.log`` instead of ``.db``, not to this terminal.
     ``extra_path``: a directory the child finds modules in after the script's own (a patched
-    copy's original directory)."""
+    copy's original directory). Both files are memscope's names in a directory the user may
+    have given (``--db-dir``): made the safe way (memscope/safe_files.py), 0600 or 0640."""
     opts = AgentOptions.from_mapping(options)
     command = [sys.executable, script, *script_args]
-    prepare_path(db, force=True)
-    create_run(db, ["python", script, *script_args])
     log = os.path.splitext(db)[0] + ".log"
+    target(log, named=False)  # a link or a FIFO at the log's name: refused, before the run
+    prepare_path(db, force=True)
+    create_run(db, ["python", script, *script_args], group_readable=group_readable)
     env = child_environment(db, opts.to_json(), command)
     if extra_path:
         env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + extra_path
-    with open(log, "w") as out:
+    fd, tmp = new_temp(os.path.dirname(os.path.abspath(log)), os.path.basename(log), file_mode(group_readable))
+    with open(fd, "w") as out:
         try:
             proc = subprocess.run(command, env=env,
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         except OSError as exc:
             finish_run(db, exit_code=127, signal=None)
+            os.remove(tmp)
             raise CliError(f"cannot start {command[0]}: {exc.strerror}") from None
+        except BaseException:
+            os.remove(tmp)
+            raise
+    put_in_place(tmp, log)
     code, sig = (None, -proc.returncode) if proc.returncode < 0 else (proc.returncode, None)
     if sig is not None:
         record_killed(db, sig)

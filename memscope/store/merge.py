@@ -22,12 +22,12 @@ from typing import Any, Sequence
 from memscope.redact import Redaction
 from memscope.store.merge_check import check_distinct_ranks, check_one_job
 from memscope.store.reader import RunReader
-from memscope.store.runs import discard_run, prepare_path
+from memscope.store.runs import FileId, claim, discard_run, file_id, prepare_path
 from memscope.store.schema import RunFileError
 from memscope.store.writer import close_for_copy, connect_rw
 
 # Tables handled by hand (or owned by the output file itself).
-_SPECIAL = {"run", "processes", "migrations"}
+_SPECIAL = {"run", "processes", "migrations", "side_files"}  # (the inputs' spill files are not the output's)
 _STATUS_RANK = {"finished": 0, "running": 1, "interrupted": 2, "failed": 2, "killed": 3,
                 "abandoned": 3}
 _CHUNK = 5000
@@ -49,7 +49,7 @@ class LiveInputs(RunFileError):
 
 
 def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
-               one_job: bool = True, allow_live: bool = False) -> MergeResult:
+               one_job: bool = True, allow_live: bool = False, group_readable: bool = False) -> MergeResult:
     """Write ``out`` from ``inputs``; raise RunFileError (one line) for unusable input,
     LiveInputs for inputs still being written unless ``allow_live``, and NotOneJob for inputs
     that are not the ranks of one job unless ``one_job`` is False (then only a global rank held
@@ -72,13 +72,14 @@ def merge_runs(out: str, inputs: Sequence[str], force: bool = False,
         missing = check_one_job(readers) if one_job else []
         check_distinct_ranks(readers)
         prepare_path(out, force)
+        created = claim(out, group_readable)  # exclusively, before SQLite opens it
         try:
-            result = _write(out, readers)
+            result = _write(out, readers, created)
             result.missing_ranks = missing
             result.live = live
             return result
         except BaseException:
-            discard_run(out)  # the half-written file and its WAL / journal
+            discard_run(out, created)  # the half-written file and its WAL / journal
             raise
     finally:
         for r in readers:
@@ -98,8 +99,10 @@ def _check_distinct(out: str, inputs: Sequence[str]) -> None:
         seen.append(p)
 
 
-def _write(out: str, readers: list[RunReader]) -> MergeResult:
+def _write(out: str, readers: list[RunReader], created: FileId) -> MergeResult:
     try:
+        if file_id(out) != created:
+            raise RunFileError(f"{out}: replaced by another file while it was being created")
         conn = connect_rw(out)
     except (sqlite3.Error, OSError) as exc:
         raise RunFileError(f"{out}: cannot create run file ({exc})") from None

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import sqlite_utils
 
 from memscope.store.liveness import is_abandoned
-from memscope.store.spill import spill_files
+from memscope.store import spill
 from memscope.store.column_guard import ColumnGuard
 from memscope.store.schema import RunFileError, check_tables, check_version, expected_tables
 
@@ -34,6 +34,8 @@ class RunReader:
             raise RunFileError(f"{self.path}: no such file")
         if p.is_dir():
             raise RunFileError(f"{self.path}: is a directory, not a run file")
+        if not os.access(p, os.R_OK):  # (another user's private run file: 0600 by default)
+            raise RunFileError(f"{self.path}: not readable by this user (permission denied)")
         try:
             conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, timeout=5.0,
                                    check_same_thread=not threads)
@@ -214,13 +216,21 @@ class RunReader:
         times = [row["h"], row["s"]]
         for proc in procs:  # the (proc, t) index makes each max() a lookup
             times.append(self.scalar("SELECT max(t) FROM samples WHERE proc = ?", (proc,)))
-        for spilled in spill_files(self.path):  # touched by a writer a lock holds off
+        for spilled in self._spill_files():  # touched by a writer a lock holds off
             try:
-                times.append(os.path.getmtime(spilled))
+                times.append(os.lstat(spilled).st_mtime)
             except OSError:
                 pass
         found = [float(x) for x in times if isinstance(x, (int, float))]
         return max(found) if found else None
+
+    def _spill_files(self) -> list[str]:
+        """The spill files this run's writers made (a file planted beside it is no sign of
+        life); every file named like one in a file older than the record of them."""
+        if self.version < 11:
+            return spill.spill_files(self.path)
+        return [sf.path for sf in (spill.verify(self.path, rec)[0] for rec in spill.recorded(self.conn))
+                if sf is not None]
 
     def wal_pending(self) -> int:
         """Bytes in a ``-wal`` file beside a run that has ended: that file belongs to the run

@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -270,9 +270,25 @@ ALTER TABLE processes ADD COLUMN attached REAL;
 ALTER TABLE processes ADD COLUMN process_started REAL;
 """
 
+# Version 12 (issue 34, side files only memscope made): the files a run's writers made beside the
+# run file (spill files), so that only those are ever replayed into it (memscope/store/spill.py)
+_V12 = """
+CREATE TABLE side_files (
+    proc INTEGER,                   -- the writing process it belongs to
+    kind TEXT NOT NULL,             -- spill
+    name TEXT NOT NULL,             -- its file name, in the run file's directory
+    token TEXT NOT NULL,            -- the random token in its name and in its first line
+    uid INTEGER NOT NULL,           -- who made it (a file of another owner is never replayed)
+    file_id TEXT NOT NULL,          -- st_dev:st_ino when made (a file put in its place is not it)
+    pid INTEGER,
+    created REAL
+);
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

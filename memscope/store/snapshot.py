@@ -15,19 +15,23 @@ file (no schema change: the ``events`` table, a few rows whatever the snapshot's
   cache, the largest free block, inactive split bytes, expandable segments);
 * ``snapshot``: the totals and the allocator settings.
 
-The run file appears only when the import succeeds: it is written under a temporary name beside
-the target and renamed at the end (an existing file is replaced only then, with ``--force``).
+The run file appears only when the import succeeds: it is written under a new temporary name
+beside the target (random, created exclusively, 0600 or 0640) and renamed at the end, only over
+a regular file or nothing (an existing file is replaced only then, with ``--force``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
+import stat
 import time
 from typing import Any
 
-from memscope.store.runs import create_run, discard_run, finish_run, register_process
+from memscope.safe_files import put_in_place
+from memscope.store.runs import FileId, create_run, discard_run, finish_run, register_process
 from memscope.store.schema import RunFileError
 from memscope.store.snapshot_data import (MAX_SNAPSHOT_BYTES, TOP_SITES, SnapshotError, Summary,
                                           load_snapshot, summarize)
@@ -40,10 +44,14 @@ TOP_ALLOCATED_SITES = 20  # allocated-by-site entries kept per device
 
 def check_target(db: str, force: bool) -> None:
     """Whether ``db`` may be written (nothing is removed here: see import_snapshot)."""
+    if os.path.islink(db):
+        raise RunFileError(f"{db}: is a symbolic link (to {os.readlink(db)}); give the file's own path")
     if os.path.isdir(db):
         raise RunFileError(f"{db}: is a directory; give a file name with --db")
-    if os.path.exists(db) and not force:
+    if os.path.lexists(db) and not force:
         raise RunFileError(f"{db}: already exists; pass --force to overwrite it")
+    if os.path.lexists(db) and not stat.S_ISREG(os.lstat(db).st_mode):
+        raise RunFileError(f"{db}: exists and is not a regular file; refusing to replace it")
     parent = os.path.dirname(os.path.abspath(db))
     if not os.path.isdir(parent):
         raise RunFileError(f"{db}: directory {parent} does not exist")
@@ -51,8 +59,10 @@ def check_target(db: str, force: bool) -> None:
         raise RunFileError(f"{db}: directory {parent} is not writable")
 
 
-def import_snapshot(snapshot_path: str, db: str, force: bool = False) -> dict[str, int]:
-    """Write ``snapshot_path`` into a new run file ``db``; return counts of what was read."""
+def import_snapshot(snapshot_path: str, db: str, force: bool = False,
+                    group_readable: bool = False) -> dict[str, int]:
+    """Write ``snapshot_path`` into a new run file ``db`` (0600, 0640 with ``group_readable``);
+    return counts of what was read."""
     check_target(db, force)
     snap = load_snapshot(snapshot_path)
     try:
@@ -62,13 +72,16 @@ def import_snapshot(snapshot_path: str, db: str, force: bool = False) -> dict[st
     except RecursionError:
         raise SnapshotError(f"{snapshot_path}: nested too deeply to be a snapshot; not imported") from None
     del snap
-    tmp = f"{db}.importing-{os.getpid()}"
+    tmp = f"{db}.importing-{secrets.token_hex(8)}"
+    created: FileId | None = None
     try:
-        _write(tmp, snapshot_path, summary)
+        now = time.time()
+        created = create_run(tmp, ["import", snapshot_path], started=now, group_readable=group_readable)
+        _write(tmp, snapshot_path, summary, now)
         _remove_sidecars(db)
-        os.replace(tmp, db)
+        put_in_place(tmp, db, "import: --db")
     except BaseException:
-        discard_run(tmp)  # the half-written file and its WAL / journal
+        discard_run(tmp, created)  # the half-written file and its WAL / journal
         raise
     return {"segments": summary.segments, "ooms": len(summary.ooms) + summary.ooms_dropped,
             "devices": len(summary.devices), "bytes": os.path.getsize(snapshot_path)}
@@ -85,9 +98,7 @@ def _remove_sidecars(db: str) -> None:
             raise RunFileError(f"{db}: cannot overwrite ({exc.strerror})") from None
 
 
-def _write(path: str, snapshot_path: str, s: Summary) -> None:
-    now = time.time()
-    create_run(path, ["import", snapshot_path], started=now)
+def _write(path: str, snapshot_path: str, s: Summary, now: float) -> None:
     devices = sorted(s.devices)
     device = "cpu" if not devices and not s.traces else (
         f"cuda:{devices[0]}" if len(devices) == 1 else "cuda")

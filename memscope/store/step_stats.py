@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memscope.store.schema import RunFileError
+
 if TYPE_CHECKING:
     from memscope.store.reader import RunReader
 
@@ -58,6 +60,9 @@ def step_stats(reader: "RunReader") -> dict[int, StepStats]:
     for row in reader.rows(sql):
         rows, ok, last_ok, *rest = row
         peak_values, proc = rest[:4], rest[4]
+        if proc is None:  # the table says none (a lookup through the index), the scan found one
+            raise RunFileError(f"{reader.path}: damaged run file: a steps row has a NULL proc the "
+                               "schema forbids (its table and index disagree)")
         peaks = {}
         for i, column in enumerate(PEAK_COLUMNS):
             peaks[(column, False)] = _int(peak_values[2 * i])

@@ -29,11 +29,11 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from memscope.store import fold, reserve, spill
 from memscope.store.closing import ClosingConnection
-from memscope.store.schema import RunFileError, migrate
+from memscope.store.schema import SCHEMA_VERSION, RunFileError, expected_tables, migrate
 from memscope.turns import TurnThread
 
 
@@ -132,11 +132,23 @@ class _Insert:
 
 
 @dataclass
-class _Exec:
-    sql: str
-    params: Sequence[Any]
+class _Update:
+    """An update of rows of ``table`` where ``key`` matches: never SQL text, so that what the
+    spill file keeps is rows (memscope/store/spill.py)."""
+
+    table: str
+    key: dict[str, Any]
+    values: dict[str, Any]
     meta: bool = False  # the writer's own bookkeeping (heartbeat): never counted as a drop
     sheddable = False
+
+    @property
+    def sql(self) -> str:
+        return _update_sql(self.table, tuple(self.values), tuple(self.key))
+
+    @property
+    def params(self) -> tuple[Any, ...]:
+        return (*self.values.values(), *self.key.values())
 
 
 
@@ -145,6 +157,20 @@ def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
     # Table and column names come from memscope's own code, never from user data.
     return (f"INSERT INTO {table} ({', '.join(columns)}) "
             f"VALUES ({', '.join('?' for _ in columns)})")
+
+
+def update_statement(table: str, key: dict[str, Any], values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """An update of memscope's schema as (SQL, parameters): names checked, values bound."""
+    return _update_sql(table, tuple(values), tuple(key)), (*values.values(), *key.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+    known = expected_tables(SCHEMA_VERSION).get(table, {})
+    if not columns or not set(columns) | set(key) <= set(known):  # memscope's names only
+        raise ValueError(f"not an update of memscope's schema: {table} {columns} {key}")
+    return (f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)} "
+            f"WHERE {' AND '.join(f'{k} = ?' for k in key)}")
 
 
 class _FileRefused(Exception):
@@ -173,11 +199,16 @@ class RunWriter:
     def __init__(self, path: str, max_queue: int = 20000, flush_interval: float = 0.25,
                  max_pending: int | None = None, busy_timeout: float | None = None,
                  on_connect: Callable[[sqlite3.Connection], None] | None = None,
-                 spill_after: int | None = None, file_id: tuple[int, int] | None = None) -> None:
+                 spill_after: int | None = None, file_id: tuple[int, int] | None = None,
+                 spill_file: spill.SpillFile | None = None) -> None:
         self.path = path
         self.busy_timeout = busy_timeout if busy_timeout is not None else BUSY_TIMEOUT_S
         self.spill_after = spill_after if spill_after is not None else SPILL_AFTER
-        self.spill_path = spill.spill_path(path)
+        # the spill file this process made and the run file records (runs.register_writer);
+        # made here, unrecorded, on the first spill of a writer without one (then only this
+        # writer replays it: attach's supervisor ignores a file the run does not record)
+        self.spill_file = spill_file
+        self._spill_recorded = spill_file is not None
         self.file_id = file_id
         self.lost_steps = 0  # steps rows among the structure rows not kept
         self.spilled = 0  # rows that went through the spill file
@@ -243,11 +274,22 @@ class RunWriter:
         """Queue a row; never blocks. Returns False (and counts a drop) when it cannot be kept."""
         return self._put(_Insert(table, row))
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> bool:
-        """Queue a statement (an UPDATE, say), applied in order with the inserts."""
-        return self._put(_Exec(sql, params))
+    def update(self, table: str, key: dict[str, Any], values: dict[str, Any]) -> bool:
+        """Queue an update of ``table``'s rows matching ``key`` (the process row's device, say),
+        applied in order with the inserts."""
+        _update_sql(table, tuple(values), tuple(key))  # memscope's names, or ValueError now
+        return self._put(_Update(table, key, values))
 
-    def _put(self, item: _Insert | _Exec) -> bool:
+    def use_spill(self, spill_file: spill.SpillFile | None) -> None:
+        """The spill file the run records for this writer (runs.register_writer), before start."""
+        self.spill_file = spill_file
+        self._spill_recorded = spill_file is not None
+
+    @property
+    def spill_path(self) -> str | None:
+        return self.spill_file.path if self.spill_file is not None else None
+
+    def _put(self, item: _Insert | _Update) -> bool:
         sheddable = item.sheddable
         with self._lock:
             if self.error is not None:
@@ -425,6 +467,8 @@ class RunWriter:
                               since=self._since())
             self._finish_tail()
         finally:
+            if not self._spill_recorded:  # made here, unrecorded: no one else would replay it
+                self.close_spill()
             if self._conn is not None:
                 try:
                     self._conn.close()
@@ -500,8 +544,8 @@ class RunWriter:
                 meta.append(beat)
         if not items and not report and not meta and not self._spill_rows:
             return
-        if self.degraded_since is not None:
-            spill.touch(self.spill_path)  # a sign of life for readers while the file refuses
+        if self.degraded_since is not None and self.spill_file is not None:
+            self.spill_file.touch()  # a sign of life for readers while the file refuses
         gone = self._file_gone()
         if gone is not None:
             self._file_lost(gone, items)
@@ -582,11 +626,8 @@ class RunWriter:
             # in order: the spill file holds the oldest rows, memory the newer ones
             self._spill(keep, message)
             keep = []
-        elif not os.path.exists(self.spill_path):
-            try:  # the file readers look at for a sign of life while this one refuses
-                spill.append(self.spill_path, [json.dumps({"pid": os.getpid(), "since": self.degraded_since})])
-            except OSError:
-                pass
+        elif self.spill_file is not None:
+            self.spill_file.touch()  # the file readers look at for a sign of life meanwhile
         self._pending = keep
 
     # -- the spill file ------------------------------------------------------------------------
@@ -597,43 +638,61 @@ class RunWriter:
         if not lines:
             return
         try:
-            spill.append(self.spill_path, lines)
+            sf = self._spill_file()
+            sf.append(lines)
         except OSError as exc:
+            where = f" {self.spill_path}" if self.spill_path else ""
             with self._lock:
-                self._count_drop(False, f"{why}; the spill file {self.spill_path} could not take "
+                self._count_drop(False, f"{why}; the spill file{where} could not take "
                                         f"the waiting rows either ({exc.strerror or exc})",
                                  len(lines), sum(_is_step(it) for it in items))
             return
         self._spill_rows += len(lines)
         self.spilled += len(lines)
-        self.spill_peak = max(self.spill_peak, spill.size(self.spill_path))
+        self.spill_peak = max(self.spill_peak, sf.size())
 
-    def spill_now(self, sql: str, params: Sequence[Any]) -> bool:
-        """After close: leave one statement (the process row's last update) in the spill file,
-        for the supervisor to write once the file takes writes. Whether it was kept."""
+    def _spill_file(self) -> spill.SpillFile:
+        """This writer's spill file (made now, unrecorded, when it has none: OSError)."""
+        if self.spill_file is None:
+            self.spill_file = spill.SpillFile.create(self.path, self.proc_id)
+        return self.spill_file
+
+    def spill_update(self, table: str, key: dict[str, Any], values: dict[str, Any]) -> bool:
+        """After close: leave one update (the process row's last word) in the spill file, for
+        the supervisor to write once the file takes writes. Whether it was kept."""
         try:
-            spill.append(self.spill_path, [spill.encode_exec(sql, params)])
-        except OSError:
+            self._spill_file().append([spill.encode_update(table, key, values)])
+        except (OSError, ValueError):
             return False
         self.handed_off += 1
         return True
+
+    def close_spill(self) -> None:
+        """At the end: the spill file goes when no row waits in it for the supervisor."""
+        if self.spill_file is not None and not self.handed_off and not self._spill_rows:
+            self.spill_file.remove()
 
     def _replay_spill(self, budget: float | None) -> BaseException | None:
         """Write the spill file's rows, oldest first, in chunks, for about ``budget`` seconds
         (None: all); None when the file took them (it is removed once all are in), else why
         the file refused."""
-        if not self._spill_rows:
+        if not self._spill_rows or self.spill_file is None:
             return None
         until = None if budget is None else time.monotonic() + budget
         while True:
+            refused = spill.Refused()
             try:
-                chunk, offset = spill.read(self.spill_path, self._spill_offset, 1000)
+                chunk, offset = self.spill_file.read(self._spill_offset, 1000, refused)
             except OSError as exc:  # the file went, or no descriptor left: try again later
                 return exc
+            if refused.count:  # not a row this process wrote: never written
+                with self._lock:
+                    self._count_drop(False, f"the spill file held {refused.count} line(s) that are "
+                                            f"not this process's rows ({refused.why})", refused.count)
             if not chunk:
                 break
-            items: list[object] = [_Insert(what, values) if kind == "insert" else _Exec(what, values)
-                                   for kind, what, values in chunk]
+            items: list[object] = [_Insert(r.table, r.values) if r.key is None else _Update(r.table, r.key, r.values)
+                                   for r in chunk]
             try:
                 self._write(self._connection(), items)
             except _FileRefused as exc:
@@ -650,7 +709,7 @@ class RunWriter:
         self._spill_rows = 0
         self._spill_offset = 0
         try:
-            os.remove(self.spill_path)
+            self.spill_file.empty()  # kept (the run records it) until the writer closes
         except OSError:
             pass
         return None
@@ -688,13 +747,12 @@ class RunWriter:
         for the new file to read."""
         with self._lock:
             self.error = f"{why}; recording stopped there"
-        if self._spill_rows:  # rows meant for the lost file: lost with it
+        if self._spill_rows and self.spill_file is not None:  # rows meant for the lost file: lost with it
             try:
-                steps = sum(1 for kind, what, _ in spill.rows(self.spill_path)
-                            if kind == "insert" and what == "steps")
-                os.remove(self.spill_path)
+                steps = sum(1 for r in spill.rows(self.spill_file) if r.key is None and r.table == "steps")
             except OSError:
                 steps = 0
+            self.spill_file.remove()
             with self._lock:
                 self._count_drop(False, self.error, self._spill_rows, steps)
             self._spill_rows = 0
@@ -773,9 +831,10 @@ class RunWriter:
             samples = self.samples() if self.samples is not None else None
         except Exception:
             samples = None
-        return _Exec("UPDATE processes SET heartbeat = ?, dropped = ?,"
-                     " samples = coalesce(?, samples) WHERE id = ?",
-                     (now, self.dropped, samples, self.proc_id), meta=True)
+        values: dict[str, Any] = {"heartbeat": now, "dropped": self.dropped}
+        if samples is not None:
+            values["samples"] = samples
+        return _Update("processes", {"id": self.proc_id}, values, meta=True)
 
     # -- transactions --------------------------------------------------------------------------
 
@@ -888,7 +947,7 @@ class RunWriter:
                     written += j - i
                     i = j
                 else:
-                    assert isinstance(item, _Exec)
+                    assert isinstance(item, _Update)
                     conn.execute(item.sql, item.params).close()
                     i += 1
             conn.execute("COMMIT")
@@ -919,8 +978,8 @@ def _is_step(item: object) -> int:
 def _encode(item: object) -> str:
     if isinstance(item, _Insert):
         return spill.encode_insert(item.table, item.row)
-    assert isinstance(item, _Exec)
-    return spill.encode_exec(item.sql, item.params)
+    assert isinstance(item, _Update)
+    return spill.encode_update(item.table, item.key, item.values)
 
 
 class _RowRejected(Exception):

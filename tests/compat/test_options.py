@@ -34,7 +34,8 @@ VALUES: dict[str, tuple[list[str], str, Any, Any]] = {
     "--redact": (["--redact", "dsn"], "redact_patterns", ["dsn"], ["dsn"]),
     "--no-redact": (["--no-redact"], "redact", False, False),
 }
-SPECIAL = {"--db", "--force", "--headless"}  # the run file (db, force); attach's dashboard
+# the run file (db, force, its mode); attach's dashboard
+SPECIAL = {"--db", "--force", "--group-readable", "--headless"}
 
 
 def readme_table() -> dict[str, str]:
@@ -51,6 +52,7 @@ def test_the_table_names_a_python_keyword_for_every_option() -> None:
     for flag, (_, keyword, _, _) in VALUES.items():
         assert f"`{keyword}=" in table[flag], (flag, table[flag])
     assert "`force=True`" in table["--force"] and "`db`" in table["--db"]
+    assert "`group_readable=True`" in table["--group-readable"]
     assert table["--headless"].startswith("—")
 
 

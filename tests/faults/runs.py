@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,14 +20,55 @@ LOOP = str(SCRIPTS / "loop.py")
 
 
 def start_attach(db: Path | str, *command: str, options: tuple[str, ...] = (),
-                 cwd: Path | str = ROOT, **popen: Any) -> subprocess.Popen[str]:
+                 cwd: Path | str = ROOT, env_extra: dict[str, str] | None = None,
+                 **popen: Any) -> subprocess.Popen[str]:
     """``memscope attach --headless --db DB [options] COMMAND...`` in its own session (so a
     test can signal its process group as a terminal would)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     return subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--headless", "--db",
                              str(db), *options, *command], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, **popen)
+
+
+class Lock:
+    """A real second connection holding BEGIN EXCLUSIVE on the run file."""
+
+    def __init__(self, db: Path) -> None:
+        self.conn = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
+        self.conn.execute("BEGIN EXCLUSIVE")
+
+    def release(self) -> None:
+        self.conn.execute("COMMIT")
+        self.conn.close()
+
+
+def listen(proc: subprocess.Popen[str], until: str) -> tuple[list[str], threading.Event]:
+    """A thread reading ``proc``'s stderr, line by line, into the list until a line holds
+    ``until`` (the event is set then)."""
+    said: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said.append(line)
+            if until in line:
+                seen.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    return said, seen
+
+
+def training_gone(supervisor: int) -> bool:
+    """Whether attach's child (the training) has exited."""
+    import psutil
+
+    try:
+        return not psutil.Process(supervisor).children()
+    except psutil.Error:
+        return True
 
 
 def row(db: Path | str, sql: str, params: tuple[Any, ...] = ()) -> Any:

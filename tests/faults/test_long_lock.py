@@ -15,16 +15,16 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from faults.runs import LOOP, finish, integrity, report, start_attach, steps_recorded, wait_steps, wait_until
+from faults.runs import (LOOP, Lock, finish, integrity, listen, report, start_attach, steps_recorded,
+                         training_gone, wait_steps, wait_until)
 from memscope.store.reader import RunReader
-from memscope.store.runs import create_run, register_process
-from memscope.store.spill import spill_files, spill_path, total_size
+from memscope.store.runs import create_run, register_writer
+from memscope.store.spill import spill_files, total_size
 from memscope.store.writer import RunWriter
 
 pytestmark = pytest.mark.timeout(180)
@@ -40,18 +40,6 @@ def attach(db: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "memscope", "attach", "--headless", "--db",
                              str(db), LOOP, "--steps", str(STEPS), *args], cwd=ROOT, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-class Lock:
-    """A real second connection holding BEGIN EXCLUSIVE on the run file."""
-
-    def __init__(self, db: Path) -> None:
-        self.conn = sqlite3.connect(db, isolation_level=None, timeout=30, check_same_thread=False)
-        self.conn.execute("BEGIN EXCLUSIVE")
-
-    def release(self) -> None:
-        self.conn.execute("COMMIT")
-        self.conn.close()
 
 
 def status_now(db: Path) -> str:
@@ -89,22 +77,10 @@ def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
     proc = attach(db, "--sleep", "0.005")  # short steps: the training ends behind the lock
     wait_steps(db, 20, proc)
     lock = Lock(db)
-    said: list[str] = []
-    waits = threading.Event()
-
-    def read_stderr() -> None:  # attach's stderr, line by line, until it says it waits
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            said.append(line)
-            if "is locked by another process" in line:
-                waits.set()
-                return
-
-    listener = threading.Thread(target=read_stderr, daemon=True)
-    listener.start()
+    said, waits = listen(proc, "is locked by another process")  # attach's stderr, until it says it waits
     try:
         # the training ends behind the lock; attach then waits for it, however long
-        wait_until(lambda: _training_gone(proc.pid), timeout=90, what="the training to end")
+        wait_until(lambda: training_gone(proc.pid), timeout=90, what="the training to end")
         assert spill_files(str(db))  # its last rows wait there
         assert status_now(db) == "running"  # the supervisor still finishes it
         # attach's first try (1 s) finds the lock: it says so on stderr, and waits on
@@ -112,7 +88,6 @@ def test_a_lock_held_past_the_end_of_the_training(tmp_path: Path) -> None:
         assert status_now(db) == "running"
     finally:
         lock.release()
-    listener.join(timeout=30)
     code, _out, err = finish(proc)
     err = "".join(said) + err
     assert code == 0, err
@@ -153,23 +128,16 @@ def test_samples_keep_their_cadence_behind_a_5s_lock(tmp_path: Path) -> None:
     assert len(during) - 2 >= 40 and max(gaps) < 1.0, (len(during) - 2, max(gaps))
 
 
-def _training_gone(supervisor: int) -> bool:
-    """Whether attach's child (the training) has exited."""
-    import psutil
-
-    try:
-        return not psutil.Process(supervisor).children()
-    except psutil.Error:
-        return True
-
-
 def test_rows_that_cannot_be_spilled_are_counted_as_lost_steps(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     create_run(str(db), ["python", "train.py"])
-    proc = register_process(str(db), {"pid": 1, "started": time.time(), "status": "running"})
-    os.mkdir(spill_path(str(db)))  # the spill file cannot be written
+    proc, made = register_writer(str(db), {"pid": 1, "started": time.time(), "status": "running"})
+    assert made is not None
+    os.remove(made.path)
+    os.mkdir(made.path)  # the spill file cannot be written (and is never made again elsewhere)
     writer = RunWriter(str(db), flush_interval=0.02, busy_timeout=0.1, spill_after=5)
     writer.proc_id = proc
+    writer.use_spill(made)
     writer.start()
     lock = Lock(db)
     for step in range(30):
@@ -194,13 +162,18 @@ def test_a_fresh_spill_file_is_a_sign_of_life(tmp_path: Path) -> None:
     # its spill file while a lock holds it off
     db = tmp_path / "r.db"
     create_run(str(db), ["python", "train.py"], started=time.time() - 600)
-    register_process(str(db), {"pid": 1, "host": "elsewhere", "started": time.time() - 600,
-                               "heartbeat": time.time() - 600, "status": "running"})
+    _, made = register_writer(str(db), {"pid": 1, "host": "elsewhere", "started": time.time() - 600,
+                                        "heartbeat": time.time() - 600, "status": "running"})
+    assert made is not None
+    os.utime(made.path, (time.time() - 600, time.time() - 600))  # made with the run, 10 minutes ago
     conn = sqlite3.connect(db)
     conn.execute("UPDATE run SET host = 'elsewhere'")
     conn.commit()
     conn.close()
     assert socket.gethostname() != "elsewhere"
     assert status_now(db) == "abandoned"
-    Path(spill_path(str(db), 1)).write_text('{"pid": 1}\n')
+    planted = Path(f"{db}-spill-{'0' * 32}")  # a file the run did not make: no sign of life
+    planted.write_text('{"pid": 1}\n')
+    assert status_now(db) == "abandoned"
+    made.touch()
     assert status_now(db) == "running"

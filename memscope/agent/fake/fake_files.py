@@ -39,7 +39,7 @@ class Sandbox:
 
     def __init__(self, scratch: str, allowed: list[str]) -> None:
         self.scratch = os.path.realpath(scratch)
-        os.makedirs(self.scratch, exist_ok=True)
+        os.makedirs(self.scratch, mode=0o700, exist_ok=True)  # (fakerun makes it new, with mkdtemp)
         self.allowed = [os.path.realpath(a) for a in allowed if a] + [self.scratch]
         self.map: dict[str, str] = {}  # user path (absolute) -> scratch path
         self.records: dict[str, dict[str, Any]] = {}  # user path -> {"path", "ops", "scratch"}

@@ -32,6 +32,7 @@ import os
 import resource
 import runpy
 import sys
+import tempfile
 import time
 import traceback
 import weakref
@@ -43,6 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from memscope.agent.runtime.config import AgentOptions
 from memscope.agent.fake.fake_files import Sandbox
 from memscope.agent.fake.fake_ledger import Accounting, Ledger
+from memscope.safe_files import output, replace_new
 from memscope.agent.torchcompat.optimizer_state import optimizer_state_tensors
 
 DEFAULT_GPU = 80 << 30  # what the pretend GPU says it has when the request names no size
@@ -95,7 +97,9 @@ class FakeRun:
         self.totals = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
         self.optimizer_names: list[str] = []
         work = os.path.dirname(os.path.abspath(req["result"]))
-        self.sandbox = Sandbox(req.get("scratch") or os.path.join(work, f"files-{req.get('id', 0)}"),
+        # a new private directory (0700, a name no one can plant ahead), in --db-dir too
+        scratch = req.get("scratch") or tempfile.mkdtemp(prefix=f"files-{req.get('id', 0)}-", dir=work)
+        self.sandbox = Sandbox(scratch,
                                [work, os.path.dirname(os.path.abspath(req.get("log") or req["result"]))])
 
     # -- boundaries ------------------------------------------------------------------------------
@@ -489,7 +493,7 @@ def _describe(exc: BaseException, script: str) -> str:
 
 def child(req: dict[str, Any]) -> int:
     """Run one request in this (forked) process; write its result; the exit status."""
-    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log = replace_new(req["log"])  # 0600, never through a link (memscope/safe_files.py)
     os.dup2(log, 1)
     os.dup2(log, 2)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -506,10 +510,8 @@ def child(req: dict[str, Any]) -> int:
             stream.flush()
         except Exception:
             pass
-    tmp = req["result"] + ".tmp"
-    with open(tmp, "w") as f:
+    with output(req["result"], "fake run:", named=False) as f:  # a temporary file renamed into place
         json.dump(out, f, default=str)
-    os.replace(tmp, req["result"])
     return 0
 
 

@@ -42,9 +42,9 @@ from memscope.agent.runtime import interrupts
 from memscope.agent.runtime.exec_hook import ExecHook
 from memscope.agent.runtime.watchdog import SupervisorWatch
 from memscope.redact import Redaction
-from memscope.store.runs import finish_run, register_process
+from memscope.store.runs import finish_run, register_writer
 from memscope.store.schema import RunFileError
-from memscope.store.writer import RunWriter
+from memscope.store.writer import RunWriter, update_statement
 from memscope.turns import TurnThread
 
 _DEVICE_RESCAN_S = 1.0
@@ -120,7 +120,7 @@ class Agent:
     # -- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.proc_id = register_process(self.db, {
+        self.proc_id, spill_file = register_writer(self.db, {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "rank": _env_int("RANK"),
@@ -138,6 +138,7 @@ class Agent:
         }, redaction=Redaction.from_options(self.options))
         # the writer stamps this row about every second: heartbeat, drop count, samples so far
         self._writer.proc_id = self.proc_id
+        self._writer.use_spill(spill_file)  # made and recorded with the process row
         self._writer.samples = lambda: self.samples
         self._writer.start(self._turns)
         if self.attach is None:
@@ -242,6 +243,7 @@ class Agent:
         if self._nvml is not None:
             self._nvml.close()
         self._finish_process_row("detached" if detaching else "stopped")
+        self._writer.close_spill()
         if self.owns_run and self._writer.file_gone() is None:
             try:
                 finish_run(self.db, exit_code=None, signal=None, status="finished")
@@ -457,8 +459,7 @@ class Agent:
                 self._guard_call("oom", self._oom.attach_cuda_observer)  # CUDA is initialised now
             if devices and not self._cuda_devices:
                 self.device = "cuda" if len(devices) > 1 else f"cuda:{devices[0]}"
-                self._writer.execute("UPDATE processes SET device = ? WHERE id = ?",
-                                     (self.device, self.proc_id))
+                self._writer.update("processes", {"id": self.proc_id}, {"device": self.device})
                 self._guard_call("cuda", self._cuda_first_seen)
             for index in devices:
                 if index not in self._cuda_limits:
@@ -696,21 +697,20 @@ class Agent:
         if writer.file_gone() is not None:
             return
         now = time.time()
-        sql = ("UPDATE processes SET ended = ?, status = ?, samples = ?, dropped = ?,"
-               " step_mode = ?, device = ?, heartbeat = ? WHERE id = ?")
-        params = (now, status, self.samples, writer.dropped, self._tracker.mode, self.device, now,
-                  self.proc_id)
-        if writer.handed_off or os.path.exists(writer.spill_path):
-            writer.spill_now(sql, params)  # after the rows waiting there, in order
+        key = {"id": self.proc_id}
+        values = {"ended": now, "status": status, "samples": self.samples, "dropped": writer.dropped,
+                  "step_mode": self._tracker.mode, "device": self.device, "heartbeat": now}
+        if writer.handed_off:
+            writer.spill_update("processes", key, values)  # after the rows waiting there, in order
             return
         conn = None
         try:
             conn = sqlite3.connect(self.db, timeout=writer.busy_timeout)
             with conn:
-                conn.execute(sql, params)
+                conn.execute(*update_statement("processes", key, values))
         except sqlite3.Error:
             # the supervisor writes it once the file takes writes (or marks the process lost)
-            writer.spill_now(sql, params)
+            writer.spill_update("processes", key, values)
         finally:
             if conn is not None:
                 conn.close()

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from memscope.agent.runtime.config import ENV_DB, AgentOptions
 from memscope.agent.runtime.agent import Agent
 from memscope.redact import Redaction
-from memscope.store.runs import create_run, default_db_path, prepare_path
+from memscope.store.runs import default_db_path, new_run
 from memscope.store.schema import RunFileError
 
 _agent: Agent | None = None
@@ -46,7 +46,12 @@ def last_recorded() -> str | None:
     return _recorded[-1] if _recorded else None
 
 
-def start(db: str | None = None, force: bool = False, name: str | None = None, **options: Any) -> Agent:
+def start(db: str | None = None, force: bool = False, name: str | None = None, group_readable: bool = False,
+          **options: Any) -> Agent:
+    """Record this process into the run file ``db`` (default: ``memscope-<script>-<time>.db``
+    here, another unpredictable name when that one is taken; in a notebook, the notebook's
+    name, numbered on). ``force`` replaces an existing run file; ``group_readable`` makes the
+    file 0640 (default 0600)."""
     if db is None and os.environ.get(ENV_DB) and current() is None:
         # under memscope attach (a process the bootstrap did not arm: a spawned child that
         # trains): join attach's run file as one more process
@@ -62,13 +67,13 @@ def start(db: str | None = None, force: bool = False, name: str | None = None, *
             return _agent
         opts = AgentOptions.from_mapping(options)
         kernel = in_kernel()
-        path = db or default_db_path([kernel] if kernel else sys.argv)
-        if not force:
-            path = _next_free(path)
+        shown = [sys.executable, "-m", "ipykernel_launcher"] if kernel else [sys.executable, *sys.argv]
+        path: str | None = db or (default_db_path([kernel]) if kernel else None)
+        if path is not None and not force:
+            path = _next_free(path)  # a cell run again: the next number
         try:
-            prepare_path(path, force, force_word="force=True")
-            create_run(path, [sys.executable, "-m", "ipykernel_launcher"] if kernel else [sys.executable, *sys.argv],
-                       redaction=Redaction.from_options(opts))
+            path, _ = new_run(path, [kernel] if kernel else sys.argv, shown, force, force_word="force=True",
+                              group_readable=group_readable, redaction=Redaction.from_options(opts))
         except RunFileError as exc:
             raise ApiError(str(exc)) from None
         _recorded.append(os.path.abspath(path))
@@ -147,7 +152,7 @@ def step() -> None:
 
 @contextmanager
 def profile(db: str | None = None, name: str | None = None, **options: Any) -> Iterator[Agent]:
-    agent = start(db, name=name, **options)
+    agent = start(db, name=name, **options)  # force, group_readable among them
     try:
         yield agent
     finally:
