@@ -225,7 +225,8 @@ def test_html_in_a_real_browser_has_no_element_made_by_the_data(
     exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
                 if shutil.which(n)), None)
     if exe is None:
-        pytest.skip("no chromium binary (apt-get install chromium; make test installs it)")
+        pytest.fail("no chromium binary: the pages are checked in a real browser (apt-get install chromium; "
+                    "make test-deps installs it)")
 
     def dom(page: Path) -> str:
         out = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",

@@ -19,7 +19,8 @@ import pytest
 from memscope.analysis.summary import summarize
 from memscope.analysis.timeline import memory_timeline, step_marks
 from memscope.analysis.unexplained import level_series, steady_growth, steady_growth_of
-from memscope.report.html import MAX_STEP_BANDS, render_html
+from memscope.report.html import render_html
+from memscope.report.html_charts import MAX_STEP_BANDS
 from memscope.store.reader import RunReader
 from memscope.store.schema import RunFileError
 from memscope.store.step_stats import median_step_s, peak_step, step_at, step_stats

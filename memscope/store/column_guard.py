@@ -63,8 +63,14 @@ class ColumnGuard:
             self.recording = recording
 
     def check_tables(self, tables: Iterable[str]) -> None:
-        """Check ``tables`` now (a command that copies or dumps them whole)."""
-        self._read.update(tables)
+        """Check ``tables`` now (a command that copies or dumps them whole); those an older
+        schema's file lacks are none of its rows (the reader's structure check names a table
+        missing from the file's own schema)."""
+        try:
+            present = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            raise RunFileError(f"{self.path}: damaged run file ({exc})") from None
+        self._read.update(t for t in tables if t in present)
         self.check()
 
     def _check_table(self, table: str) -> None:

@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from test_attach_tmux import ROOT, TMUX, Pane, pane  # noqa: F401 (pane: the fixture)
+from test_attach_tmux import ROOT, Pane, pane  # noqa: F401 (pane: the fixture)
 
 TARGET = ROOT / "tests" / "scripts" / "attach_target.py"
 
 
 def test_q_in_the_dashboard_detaches_and_the_training_goes_on(pane: Pane, tmp_path: Path) -> None:  # noqa: F811
-    if TMUX is None:
-        pytest.fail("tmux is not installed (apt-get install tmux; make test-deps installs it)")
     from memscope.node import debuggers
 
     try:
