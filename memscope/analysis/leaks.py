@@ -400,6 +400,20 @@ def fix_how(leak: Leak) -> str:
     where = f" in {leak.held_by}" if leak.held_by else ""
     if leak.site:
         where += f" (at {leak.site})"
+    held = leak.held_by or ""
+    if ".__traceback__" in held:
+        kept = held.split(".__traceback__", 1)[1]
+        return (f"keep the exception without its traceback (`e.with_traceback(None)`), or only "
+                f"str(e){where}: each kept exception's traceback keeps every frame it went through "
+                f"and their local variables alive ({kept.lstrip('.')}, with the autograd graph it carries)")
+    if "<lru_cache maxsize=None" in held:
+        return (f"bound the cache: @functools.lru_cache(maxsize=N) instead of maxsize=None{where}: it "
+                "keeps one result per distinct argument for the whole run (or call cache_clear() "
+                "when its entries are no longer needed)")
+    if held.endswith(".queue"):
+        return (f"bound the queue: queue.Queue(maxsize=N){where}, so that put() waits for its "
+                "consumer (back-pressure) instead of keeping every step's tensors; or drain it "
+                "faster (the consumer takes fewer items than the loop puts)")
     if leak.kind == "graph":
         name = _short(leak.held_by) if leak.held_by else "total_loss"
         return (f"accumulate Python numbers, not tensors: `{name} += loss.item()`{where}; adding "

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from memscope.analysis.leak_patch import LinePatch, patch_source, split_site
+from memscope.analysis.leak_patch import plan_fix, split_site
 from memscope.analysis.leaks import GroupDiff, Leak, LeakCheck, describe, diff, fix_how, inventory_steps
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.unexplained import UnexplainedGrowth
@@ -171,6 +171,7 @@ def patches(leaks: list[Leak], cwd: str | None) -> str:
     """Each leak's fix as a unified diff of the line that stored it, or why there is none (lines
     starting with ``#``: ``patch`` skips them)."""
     out: list[str] = []
+    done: set[tuple[str, int]] = set()
     for lk in leaks:
         head = f"# LEAK {shown_text(describe(lk))}, held by {shown(lk.held_by or 'unknown')}"
         where = split_site(lk.site) if lk.site else None
@@ -185,12 +186,16 @@ def patches(leaks: list[Leak], cwd: str | None) -> str:
         except (OSError, UnicodeDecodeError) as exc:
             out += [head, f"# no patch: cannot read {shown(full)} ({type(exc).__name__}): run this where the run ran\n"]
             continue
-        new, why = patch_source(source, line, lk)
-        if new is None:
+        plan, why = plan_fix(source, line, lk)
+        if plan is None:
             out += [head, f"# no patch: {shown_text(why)}\n"]
             continue
+        if (full, plan.line) in done:
+            out += [head, "# the patch above fixes it too (one line stored both)\n"]
+            continue
+        done.add((full, plan.line))
         rel = path if not os.path.isabs(path) else os.path.relpath(path, cwd or os.getcwd())
-        out += [head, f"# {shown_text(why)}", LinePatch(rel, line, source[line - 1], new, why).unified(source)]
+        out += [head, f"# {shown_text(why)}", plan.unified(rel, source)]
     if not out:
         return "# no leaks: nothing to patch\n"
     return "\n".join(x.rstrip("\n") for x in out) + "\n"

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from memscope.analysis.leak_patch import patch_source, split_site
+from memscope.analysis.leak_patch import Edit, Plan, plan_fix, split_site
 from memscope.analysis.leaks import Leak
 from memscope.analysis.node_cost import node_cost
 from memscope.analysis.summary import summarize
@@ -84,7 +84,8 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
     shadow = os.path.join(workdir, "fix_leak")
     os.makedirs(shadow, exist_ok=True)
     home = os.path.dirname(os.path.abspath(script))
-    copies: dict[str, list[str]] = {}  # absolute path of a file -> its lines, patched so far
+    originals: dict[str, list[str]] = {}  # absolute path of a file -> its lines
+    copies: dict[str, list[Edit]] = {}  # absolute path of a file -> the edits of its copy
     for lk in leaks:
         p = Patched(lk)
         result.patched.append(p)
@@ -97,29 +98,36 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         if os.path.dirname(full) != home:
             p.why = f"{path} is not beside the script: patch it by hand (memscope leaks --diff)"
             continue
-        lines = copies.get(full)
+        lines = originals.get(full)
         if lines is None:
             try:
                 with open(full, encoding="utf-8") as f:
-                    lines = f.readlines()
+                    lines = originals[full] = f.readlines()
             except (OSError, UnicodeDecodeError) as exc:
                 p.why = f"cannot read {path}: {type(exc).__name__}"
                 continue
-        new, why = patch_source(lines, line, lk)
+        plan, why = plan_fix(lines, line, lk)
         p.why = why
-        if new is None:
+        if plan is None:
             continue
-        p.path, p.line, p.old, p.new = path, line, lines[line - 1], new
-        lines[line - 1] = new + "\n"
-        copies[full] = lines
+        edits = copies.setdefault(full, [])
+        taken = {(e.line, e.count) for e in edits}
+        if any((e.line, e.count) in taken for e in plan.edits):
+            if not all(e in edits for e in plan.edits):
+                p.why = "another leak's fix changes that line: patch it by hand (memscope leaks --diff)"
+                continue
+            p.why = "the same change as for the leak above (one line stored both): " + why
+        else:
+            edits.extend(plan.edits)
+        p.path, p.line, p.old, p.new = path, plan.line, plan.old_text(lines), plan.new_text()
     if not copies:
         result.note = "no storing line could be patched"
         return result, base
     copy = os.path.join(shadow, os.path.basename(script))
     shutil.copyfile(script, copy)
-    for full, lines in copies.items():
+    for full, edits in copies.items():
         with open(os.path.join(shadow, os.path.basename(full)), "w", encoding="utf-8") as f:
-            f.writelines(lines)
+            f.writelines(Plan(edits, "").apply(originals[full]))
     result.copy = copy
     trial = run_recorded(copy, script_args, os.path.join(workdir, f"whatif-{stem}-fix_leak.db"), opts,
                          extra_path=home)

@@ -44,6 +44,7 @@ itself. (With a debugger or coverage tracer owning that thread's tracing, the in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -62,7 +63,7 @@ from memscope.agent.torchcompat.module_names import module_path
 from memscope.agent.torchcompat.unseen import unseen
 from memscope.agent.torchcompat.handles import remove_quietly
 from memscope.agent.torchcompat.storages import storage_address
-from memscope.agent.collectors.inventory.holders import clear_frame_snapshots
+from memscope.agent.collectors.inventory.holders import _frame_locals, clear_frame_snapshots
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -107,7 +108,7 @@ def _where(filename: str, line: int) -> str:
 
 
 class _Candidate:
-    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line")
+    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line", "holder")
 
     def __init__(self, sig: Signature, ref: Any, created: str, module: Any) -> None:
         self.sig = sig
@@ -117,6 +118,17 @@ class _Candidate:
         self.module = module  # weakref to the module whose forward produced its storage, or None
         self.baseline: int | None = None
         self.last_line: int | None = None
+        # a weakref to the exception whose traceback keeps the frame that holds the candidate
+        # (it left that frame by a raise): the line that stores the exception stores it
+        self.holder: Any = None
+
+    def watched(self) -> Any:
+        """What the store is watched on: the exception that keeps the candidate, or itself."""
+        if self.holder is not None:
+            held = self.holder()
+            if held is not None:
+                return held
+        return self.ref()
 
 
 class _Mode(TorchFunctionMode):
@@ -483,6 +495,25 @@ def _holds(c: Any, t: Any) -> bool:
     return False
 
 
+_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
+
+
+def _is_cached(frame: Any) -> bool:
+    """Whether ``frame`` runs a function that a ``functools.lru_cache`` (or ``functools.cache``)
+    wraps: a module global or an attribute of ``self``'s class named as the function."""
+    code = frame.f_code
+    name = code.co_name
+    places = [frame.f_globals]
+    owner = frame.f_locals.get("self") if code.co_argcount else None
+    if owner is not None:
+        places.extend(vars(k) for k in type(owner).__mro__)
+    for place in places:
+        w = place.get(name)
+        if type(w) is _LRU_WRAPPER and getattr(getattr(w, "__wrapped__", None), "__code__", None) is code:
+            return True
+    return False
+
+
 # thread id -> a mode memscope left on that thread's stack (None: only its tracer), to be
 # removed by that thread (disarmed from another one)
 _ORPHANS: dict[int, Any] = {}
@@ -550,13 +581,25 @@ class _LineTracer:
         if not self.owner._tracing:
             return None
         try:
+            if event == "exception":
+                if type(arg) is tuple and len(arg) > 2:
+                    self._raised(frame, arg[1], arg[2])  # (the traceback is not on the exception yet)
+                return self
             if event in ("line", "return"):
                 line = frame.f_lineno
                 for c in self.cands:
                     if c.stored is not None:
                         continue
-                    t = c.ref()
+                    t = c.watched()
                     if t is None:
+                        continue
+                    if c.holder is not None and t is not c.ref():
+                        # an exception: the except clause's own references come and go on the
+                        # storing line (``as e`` is deleted at its end): look for it in a container
+                        if c.last_line is not None and _in_container(t, frame):
+                            c.stored = _where(frame.f_code.co_filename, c.last_line)
+                        del t
+                        c.last_line = line
                         continue
                     rc = sys.getrefcount(t)
                     if c.baseline is None:
@@ -569,10 +612,52 @@ class _LineTracer:
                     del t
                     c.last_line = line
             if event == "return":
+                if arg is not None:
+                    self._cached(frame, arg)
                 self._follow(frame.f_back)
+                frame.f_trace = None  # a frame a traceback keeps does not keep this tracer
         except Exception:
             return None
         return self
+
+    def _raised(self, frame: Any, exc: Any, tb: Any) -> None:
+        """An exception passes through the frame: a candidate that is a local variable of one of
+        the frames its traceback keeps stays alive as long as the exception does; the line that
+        stores the exception (``errors.append(e)``) is then the one that keeps the candidate."""
+        cands = [c for c in self.cands if c.stored is None and c.holder is None and c.ref() is not None]
+        if not cands:
+            return
+        try:
+            ref = weakref.ref(exc)
+        except TypeError:
+            return
+        depth = 0
+        while tb is not None and cands and depth < 32:
+            f = tb.tb_frame
+            # the traced frame's snapshot is written back into its locals when this trace call
+            # returns: read, never emptied (emptied, it would delete the frame's variables)
+            values = {id(v) for v in (list(f.f_locals.values()) if f is frame else
+                                      [v for _, v in _frame_locals(f)])}
+            for c in [c for c in cands if id(c.ref()) in values]:
+                c.holder = ref
+                c.baseline = None
+                cands.remove(c)
+            tb = tb.tb_next
+            depth += 1
+
+    def _cached(self, frame: Any, value: Any) -> None:
+        """The frame returns a candidate from a ``functools.lru_cache``-wrapped function: the
+        cache keeps it, and the line that called the cached function is its store."""
+        returned = value if type(value) in (tuple, list) else (value,)
+        hits = [c for c in self.cands if c.stored is None and any(c.ref() is v for v in returned[:8])]
+        if not hits or not _is_cached(frame):
+            return
+        caller = _user_frame(frame.f_back)
+        if caller is None:
+            return
+        where = _where(caller.f_code.co_filename, caller.f_lineno)
+        for c in hits:
+            c.stored = where
 
     def _follow(self, caller: Any) -> None:
         """The creating frame returns (a model's ``forward`` that made the loss) with candidates

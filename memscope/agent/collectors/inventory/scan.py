@@ -105,7 +105,7 @@ class _Slot:
         self.roots: list[tuple[int, Any]] = []  # (storage address, grad_fn) of its tensors with a graph
         self.samples: list[Any] | None = [] if sampled else None
         self.sampled: set[int] = set()  # roots walked for a median (a kind of many roots)
-        self.median_charged = False  # the roots not walked were charged the sample's median
+        self.median_charged: set[int] = set()  # roots not walked, charged the sample's median
 
 
 def _raw(t: Any) -> tuple[Any, ...]:
@@ -316,7 +316,7 @@ def _uncount_saved(saved: tuple[set[int], set[int]], seen: dict[int, Any],
             nbytes = int(t.untyped_storage().nbytes())
         except Exception:
             continue
-        if raw[5] is not None and sl.median_charged and ptr not in sl.sampled:
+        if raw[5] is not None and ptr in sl.median_charged:
             continue  # a root charged the median of its kind's sample
         sl.count -= 1
         sl.bytes -= nbytes
@@ -363,10 +363,17 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
         rest.append((sl, idx))
     walker = GraphWalker(fixed)
     kept: set[int] = set()
-    own: dict[int, tuple[int, int]] = {}  # a big kind's sampled roots: what each walk charged
+    # a big kind's sampled roots: what each walk charged, and whether another graph had reached
+    # the root's node before its own walk
+    own: dict[int, tuple[int, int, bool]] = {}
+    shadow: set[int] = set()  # nodes near the top of graphs charged a median without a walk
 
     def walk(key: int, fn: Any, sl: _Slot) -> bool:
         """Walk one root, charge its group; whether it saved a live tensor's storage."""
+        if id(fn) in shadow:  # under a root charged its kind's median: charged there
+            own[key] = (0, 0, True)
+            return False
+        reached = id(fn) in walker.visited
         try:
             b, n = walker.walk(fn, key)
         except Exception:
@@ -375,7 +382,7 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
             sl.graph_bytes += b
             sl.graph_nodes += n
             kept.add(key)
-        own[key] = (b, n)
+        own[key] = (b, n, reached)
         return any(p in live for p in walker.last_charged)
 
     saves_live = [0] * len(rest)  # roots of a big kind's sample that saved a live tensor
@@ -415,14 +422,23 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
                     if k not in sl.sampled:
                         walk(k, f, sl)
                 continue
-            got = [own.get(k, (0, 0)) for k in sl.sampled]
-            b = int(_median([g[0] for g in got]))
-            n = int(_median([g[1] for g in got]))
+            # the rest are charged the median of the sampled roots no other graph had reached;
+            # a root that some walked graph reaches is charged nothing (its nodes were charged
+            # where they were reached: the older links of a chain, or a kind's tensors that
+            # another group's graphs use, beside ones that no graph uses)
+            got = [g for g in (own.get(k, (0, 0, True)) for k in sl.sampled) if not g[2]]
+            b = int(_median([g[0] for g in got])) if got else 0
+            n = int(_median([g[1] for g in got])) if got else 0
             if b or n:
-                others = len(sl.roots) - len(sl.sampled)
-                sl.graph_bytes += b * others
-                sl.graph_nodes += n * others
-                sl.median_charged = True
+                visited = walker.visited
+                charged = [(k, f) for k, f in sl.roots
+                           if k not in sl.sampled and id(f) not in visited and id(f) not in shadow]
+                sl.median_charged = {k for k, _ in charged}
+                sl.graph_bytes += b * len(charged)
+                sl.graph_nodes += n * len(charged)
+                # the top of the graphs charged so (not walked): a root of an inner kind there is
+                # in the median already (a helper's argument under the product made from it)
+                _mark_below([f for _, f in charged], shadow, walker)
         inv.truncated = inv.truncated or walker.truncated
         return set(walker.charged), kept
     finally:
@@ -430,6 +446,31 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
         rest.clear()
         own.clear()
         walker.close()
+
+
+SHADOW_DEPTH = 4  # levels below a root charged its kind's median that are marked as reached
+
+
+def _mark_below(fns: list[Any], shadow: set[int], walker: GraphWalker) -> None:
+    """Mark the nodes within ``SHADOW_DEPTH`` levels under ``fns`` (not the roots themselves):
+    an unwalked root found there later is charged nothing, its nodes being in the median of the
+    root above it. Wrappers are kept by the walker, so their ids stay theirs."""
+    level = list(fns)
+    for _ in range(SHADOW_DEPTH):
+        nxt: list[Any] = []
+        for fn in level:
+            try:
+                children = fn.next_functions
+            except Exception:
+                continue
+            for child, _ in children:
+                if child is not None and id(child) not in shadow and id(child) not in walker.visited:
+                    shadow.add(id(child))
+                    walker.keep.append(child)
+                    nxt.append(child)
+        level = nxt
+        if not level:
+            break
 
 
 def _median(values: list[int]) -> float:
