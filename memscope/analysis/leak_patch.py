@@ -17,7 +17,7 @@ Some holders are fixed elsewhere than on the storing line, from what ``held_by``
 * a ``functools.lru_cache(maxsize=None)`` / ``functools.cache`` (``...<lru_cache maxsize=None``):
   its decorator gets ``maxsize=128`` (lru_cache's own default);
 * a ``queue.Queue`` that grows (``....queue``, stored by ``q.put(...)``): its constructor gets
-  ``maxsize=64``, so ``put`` waits for the consumer (back-pressure) instead of keeping every step.
+  ``maxsize=8``, so ``put`` waits for the consumer (back-pressure) instead of keeping every step.
 
 Only single-line statements of those shapes are patched (parsed with :mod:`ast`, the stored
 expression rewritten in place); anything else gets no patch and a reason.
@@ -79,7 +79,7 @@ class Plan:
 
 
 CACHE_MAXSIZE = 128  # functools.lru_cache's own default
-QUEUE_MAXSIZE = 64
+QUEUE_MAXSIZE = 8
 
 
 def plan_fix(lines: list[str], line: int, leak: Leak) -> tuple[Plan | None, str]:
@@ -226,6 +226,88 @@ def _replace(stripped: str, indent: str, node: ast.expr, new_seg: str) -> str:
     start = _offset(stripped, node.lineno, node.col_offset)
     end = _offset(stripped, node.end_lineno or node.lineno, node.end_col_offset or 0)
     return indent + stripped[:start] + new_seg + stripped[end:].rstrip("\n")
+
+
+_REGISTERING = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                "register_backward_hook", "register_full_backward_pre_hook", "register_hook",
+                "register_post_accumulate_grad_hook", "register_state_dict_pre_hook",
+                "register_state_dict_post_hook", "register_load_state_dict_pre_hook",
+                "register_load_state_dict_post_hook", "register_module_forward_hook",
+                "register_module_forward_pre_hook", "register_module_full_backward_hook")
+
+
+def plan_hoist(lines: list[str], line: int) -> tuple[Plan | None, str]:
+    """A hook registered inside a loop (at ``line``), registered once before it instead, its
+    handle kept (``stash_handle = model.fc.register_forward_hook(stash)``): the registering
+    statement (and the ``if`` blocks around it in the loop, when they hold nothing else) moves
+    above the loop, when nothing it names is changed by the loop."""
+    try:
+        tree = ast.parse("".join(lines))
+    except SyntaxError:
+        return None, "the file does not parse: move the registration out of the loop by hand"
+    chain = _chain_to(tree, line)
+    if not chain:
+        return None, f"no statement starts at line {line}: move the registration out of the loop by hand"
+    stmt = chain[-1]
+    call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, (ast.Attribute, ast.Name))
+            and (call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id) in _REGISTERING) \
+            or stmt.end_lineno != stmt.lineno:
+        return None, "not a one-line hook registration: move it out of the loop by hand"
+    loop_at = next((i for i in range(len(chain) - 2, -1, -1)
+                    if isinstance(chain[i], (ast.For, ast.While, ast.AsyncFor))), None)
+    stop = next((i for i in range(len(chain) - 2, -1, -1)
+                 if isinstance(chain[i], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))), -1)
+    if loop_at is None or loop_at < stop:
+        return None, "the registration is not inside a loop: register it once, where the model is built"
+    loop = chain[loop_at]
+    assert isinstance(loop, (ast.For, ast.While, ast.AsyncFor))
+    block = chain[loop_at + 1]  # the statement of the loop's body that holds the registration
+    for node, child in zip(chain[loop_at + 1:-1], chain[loop_at + 2:]):
+        if not (isinstance(node, ast.If) and not node.orelse and node.body == [child]):
+            return None, "the registration is nested in the loop with other code: move it out by hand"
+    if len(loop.body) == 1:
+        return None, "the loop does nothing else: move the registration out of it by hand"
+    changed = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    used = {n.id for node in chain[loop_at + 1:] for n in ast.walk(node.test if isinstance(node, ast.If) else node)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    if used & changed:
+        return None, (f"it uses {', '.join(sorted(used & changed))}, which the loop changes: register "
+                      "the hook once, before the loop, by hand")
+    indent = lines[loop.lineno - 1][:len(lines[loop.lineno - 1]) - len(lines[loop.lineno - 1].lstrip())]
+    inner = lines[block.lineno - 1][:len(lines[block.lineno - 1]) - len(lines[block.lineno - 1].lstrip())]
+    moved: list[str] = []
+    for n in range(block.lineno, (block.end_lineno or block.lineno) + 1):
+        text = lines[n - 1].rstrip("\n")
+        if n == stmt.lineno and isinstance(stmt, ast.Expr):
+            head = text[:len(text) - len(text.lstrip())]
+            arg = call.args[0] if call.args else None
+            handle = f"{arg.id}_handle" if isinstance(arg, ast.Name) else "hook_handle"
+            text = f"{head}{handle} = {text.lstrip()}"
+        moved.append(indent + text[len(inner):] if text.startswith(inner) else text)
+    count = (block.end_lineno or block.lineno) - block.lineno + 1
+    why = ("registered once, before the loop, its handle kept (handle.remove() when the hook is no "
+           "longer needed): registered at every step, each new hook ran at every call from then on")
+    return Plan([Edit(loop.lineno, 0, moved), Edit(block.lineno, count, [])], why), why
+
+
+def _chain_to(tree: ast.AST, line: int) -> list[ast.stmt]:
+    """The statements from the module down to the one starting at ``line`` (its ancestors)."""
+    chain: list[ast.stmt] = []
+    node: ast.AST = tree
+    while True:
+        children = [c for f in ("body", "orelse", "finalbody", "handlers") for c in getattr(node, f, []) or []
+                    if isinstance(c, (ast.stmt, ast.excepthandler))]
+        nxt = next((c for c in children if c.lineno <= line <= (c.end_lineno or c.lineno)), None)
+        if nxt is None:
+            return chain if chain and chain[-1].lineno == line else []
+        if isinstance(nxt, ast.stmt):
+            chain.append(nxt)
+        if nxt.lineno == line and isinstance(nxt, ast.stmt) and not isinstance(
+                nxt, (ast.For, ast.While, ast.AsyncFor, ast.If, ast.With, ast.Try, ast.FunctionDef,
+                      ast.AsyncFunctionDef, ast.ClassDef)):
+            return chain
+        node = nxt
 
 
 def split_site(site: str) -> tuple[str, int] | None:

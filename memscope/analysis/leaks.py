@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 MIN_INCREMENTS = 3
 MIN_INVENTORIES = MIN_INCREMENTS + 1  # after warm-up, for any verdict
 MAX_RATE_RATIO = 4.0
+ACCELERATING = 2.0  # the second half's rate at least this times the first's: accelerating
 RESET_SHARE = 0.5
 SIG_COLUMNS = ("category", "dtype", "shape", "device", "requires_grad", "grad_fn")
 
@@ -57,6 +58,8 @@ class Growth:
     nodes_per_step: float = 0.0
     every: float = 1.0  # typical steps between the rises (30: it grows at evaluations only)
     saved_per_step: float = 0.0  # bytes of tensors the kept graphs still save (0 after backward)
+    rate_first: float = 0.0  # bytes per step over the first half of the growth (by steps)
+    rate_last: float = 0.0  # ... and over the second half
 
 
 @dataclass
@@ -78,6 +81,16 @@ class Leak:
     every: float = 1.0  # typical steps between its rises (1: every step)
     saved_bytes_per_step: int = 0  # of bytes_per_step: tensors its graphs still save for backward
     node_cost: NodeCost = ESTIMATE  # what each retained autograd node is counted at
+    rate_first: float = 0.0  # bytes per step in the first half of its growth
+    rate_last: float = 0.0  # ... in the second half (ACCELERATING times the first or more: it accelerates)
+    cause: str | None = None  # what makes it accelerate, when memscope saw it (hooks that keep coming)
+
+    @property
+    def accelerating(self) -> bool:
+        """It grows faster and faster: each step keeps more than the one before (a hook
+        registered every step that keeps a tensor at each call)."""
+        return self.rate_first > 0 and self.rate_last >= ACCELERATING * self.rate_first \
+            and self.last_step - self.first_step >= 8
 
     @property
     def kind(self) -> str:
@@ -95,7 +108,9 @@ class Leak:
                 # additive to memscope.report/1
                 "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step,
                 "created_at": self.created_at, "grows_every_steps": self.every,
-                "node_bytes": self.node_cost.bytes, "node_bytes_measured": self.node_cost.measured}
+                "node_bytes": self.node_cost.bytes, "node_bytes_measured": self.node_cost.measured,
+                "accelerating": self.accelerating, "bytes_per_step_now": int(round(self.rate_last)),
+                "cause": self.cause}
 
 
 @dataclass
@@ -209,22 +224,32 @@ def _rising(pts: list[Point]) -> Growth | None:
     if not _steady(window):
         return None
     g = _rate(window[0], window[-1])
+    g.rate_first, g.rate_last = _halves(window) or (g.bytes_per_step, g.bytes_per_step)
     # how often it grew, when inventories were denser than its rises (else: at every one seen)
     flat = len(window) - 1 - (len(rises) - first)
     g.every = float(statistics.median(gaps[first:])) if gaps[first:] and flat > len(window) // 2 else 1.0
     return g
 
 
-def _steady(window: list[Point]) -> bool:
-    """The growth rate of the window's second half (by steps) is within MAX_RATE_RATIO of the
-    first half's, and both are positive."""
+def _halves(window: list[Point]) -> tuple[float, float] | None:
+    """The growth rates (bytes per step) of the window's first and second half, by steps; None
+    when there is no point between its ends."""
     a, z = window[0], window[-1]
     mid = (a[0] + z[0]) / 2
     m = max((p for p in window[1:-1] if p[0] <= mid), key=lambda p: p[0], default=window[1])
     if not a[0] < m[0] < z[0]:
+        return None
+    return (m[1] - a[1]) / (m[0] - a[0]), (z[1] - m[1]) / (z[0] - m[0])
+
+
+def _steady(window: list[Point]) -> bool:
+    """The growth rate of the window's second half (by steps) is within MAX_RATE_RATIO of the
+    first half's, and both are positive."""
+    halves = _halves(window)
+    if halves is None:
+        a, z = window[0], window[-1]
         return len(window) >= 2 and z[1] > a[1]
-    r1 = (m[1] - a[1]) / (m[0] - a[0])
-    r2 = (z[1] - m[1]) / (z[0] - m[0])
+    r1, r2 = halves
     return r1 > 0 and r2 > 0 and max(r1, r2) <= MAX_RATE_RATIO * min(r1, r2)
 
 
@@ -293,7 +318,7 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         created_at=h.get("created_at"), every=g.every,
                         saved_bytes_per_step=int(round(max(g.saved_per_step, 0))),
                         bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3),
-                        node_cost=cost))
+                        node_cost=cost, rate_first=g.rate_first, rate_last=g.rate_last))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
 

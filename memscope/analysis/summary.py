@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.analysis.oom import OomReport, post_mortem
-from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, leak_check, leaks_of
+from memscope.analysis.hooks import HookGrowth, hook_growth
+from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, inventory_steps, leak_check, leaks_of
 from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
 from memscope.analysis.workers import WorkerGrowth, worker_growth
 from memscope.analysis.ranks import RankSummary, rank_summaries
@@ -75,6 +76,7 @@ class RunSummary:
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     leak_check: LeakCheck = field(default_factory=lambda: LeakCheck(0, MIN_INVENTORIES))  # enough inventories?
     unexplained: UnexplainedGrowth | None = None  # memory growth no tensor group accounts for
+    hooks: list[HookGrowth] = field(default_factory=list)  # hooks registered again and again
     workers: WorkerGrowth | None = None  # DataLoader workers' copy-on-read growth
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
@@ -85,6 +87,19 @@ class RunSummary:
     # why the record is incomplete, where it is: recording degraded (the writer's error and from
     # when), the supervisor died, the end was never written, a -wal file holding part of the run
     recording: list[str] = field(default_factory=list)
+
+
+def _causes(leaks: list[Leak], hooks: list[HookGrowth]) -> None:
+    """An accelerating leak beside hooks that keep coming: those hooks are the likely cause (each
+    one added runs, and keeps, at every call from then on)."""
+    if not hooks:
+        return
+    h = hooks[0]
+    at = f", registered at {h.site}" if h.site else ""
+    for lk in leaks:
+        if lk.accelerating:
+            lk.cause = (f"{h.what} grow by {h.per_step:g} a step ({h.count} now{at}), and each "
+                        "runs at every call from then on")
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -116,6 +131,9 @@ def summarize(reader: RunReader) -> RunSummary:
     if main is not None:
         _breakdown_at_failure(peak, oom, main["id"])
     leaks = leaks_of(reader, main["id"] if main else None)
+    hooks = hook_growth(reader, main["id"] if main else None,
+                        inventory_steps(reader, main["id"]) if main else [])
+    _causes(leaks, hooks)
     ranks = rank_summaries(reader, stats)
     median = next((r.median_step_s for r in ranks if main and r.proc == main["id"]), None)
     return RunSummary(
@@ -143,6 +161,7 @@ def summarize(reader: RunReader) -> RunSummary:
         leaks=leaks,
         leak_check=leak_check(reader, main["id"] if main else None),
         unexplained=unexplained_growth(reader, main["id"] if main else None, leaks),
+        hooks=hooks,
         workers=worker_growth(reader),
         oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),

@@ -11,7 +11,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from memscope.analysis.leak_patch import Edit, Plan, plan_fix, split_site
+from memscope.analysis.hooks import HookGrowth
+from memscope.analysis.leak_patch import Edit, Plan, plan_fix, plan_hoist, split_site
 from memscope.analysis.leaks import Leak
 from memscope.analysis.node_cost import node_cost
 from memscope.analysis.summary import summarize
@@ -24,12 +25,17 @@ MIN_STEPS = 12  # a leak is reported with its storing line by step 7
 
 @dataclass
 class Patched:
-    leak: Leak
+    leak: Leak | None  # a leak, or hooks registered again and again (``hook``)
     path: str | None = None  # the file patched (as in the site), None: not patched
     line: int = 0
     old: str = ""
     new: str = ""
     why: str = ""
+    hook: HookGrowth | None = None
+
+    @property
+    def site(self) -> str | None:
+        return self.leak.site if self.leak is not None else self.hook.site if self.hook else None
 
 
 @dataclass
@@ -39,14 +45,17 @@ class FixLeakTrial:
     trial: Measure | None
     patched: list[Patched] = field(default_factory=list)
     after: list[Leak] = field(default_factory=list)  # leaks of the patched run
+    after_hooks: list[HookGrowth] = field(default_factory=list)  # hooks growing in the patched run
     kept_before: int | None = None  # what the last inventory saw alive (tensors, graphs, nodes)
     kept_after: int | None = None
     copy: str | None = None  # the patched script
     note: str | None = None
 
-    def gone(self, lk: Leak) -> bool:
-        return not any(a.held_by == lk.held_by and a.shape == lk.shape and a.grad_fn == lk.grad_fn
-                       for a in self.after)
+    def gone(self, lk: Leak | None, hook: HookGrowth | None = None) -> bool:
+        if hook is not None:
+            return not any(h.module == hook.module and h.kind == hook.kind for h in self.after_hooks)
+        return lk is not None and not any(a.held_by == lk.held_by and a.shape == lk.shape
+                                          and a.grad_fn == lk.grad_fn for a in self.after)
 
     def as_json(self) -> dict[str, Any]:
         def saving(a: int | None, b: int | None) -> int | None:
@@ -56,7 +65,13 @@ class FixLeakTrial:
                 "patches": [{"held_by": p.leak.held_by, "site": p.leak.site, "bytes_per_step": p.leak.bytes_per_step,
                              "patched": p.path is not None, "old": p.old.rstrip("\n") or None,
                              "new": p.new or None, "why": p.why, "gone": self.gone(p.leak) if self.trial else None}
-                            for p in self.patched],
+                            for p in self.patched if p.leak is not None],
+                # additive: hooks registered again and again, registered once before their loop
+                "hook_patches": [{"module": p.hook.module, "kind": p.hook.kind, "site": p.hook.site,
+                                  "hooks_per_step": p.hook.per_step, "patched": p.path is not None,
+                                  "old": p.old.rstrip("\n") or None, "new": p.new or None, "why": p.why,
+                                  "gone": self.gone(None, p.hook) if self.trial else None}
+                                 for p in self.patched if p.hook is not None],
                 "kept_before": self.kept_before, "kept_after": self.kept_after,
                 "tensor_peak_before": self.baseline.tensor_peak,
                 "tensor_peak_after": self.trial.tensor_peak if self.trial else None,
@@ -75,10 +90,11 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         return None, base
     with RunReader(base.db) as reader:
         baseline = measure(reader)
-        leaks = summarize(reader).leaks
+        s = summarize(reader)
+        leaks, hooks = s.leaks, s.hooks
         kept = last_inventory_bytes(reader)
     result = FixLeakTrial(steps, baseline, None, kept_before=kept)
-    if not leaks:
+    if not leaks and not hooks:
         result.note = f"no leak found in {steps} steps: nothing to fix"
         return result, base
     shadow = os.path.join(workdir, "fix_leak")
@@ -86,12 +102,12 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
     home = os.path.dirname(os.path.abspath(script))
     originals: dict[str, list[str]] = {}  # absolute path of a file -> its lines
     copies: dict[str, list[Edit]] = {}  # absolute path of a file -> the edits of its copy
-    for lk in leaks:
-        p = Patched(lk)
+    todo = [Patched(lk) for lk in leaks] + [Patched(None, hook=h) for h in hooks]
+    for p in todo:
         result.patched.append(p)
-        where = split_site(lk.site) if lk.site else None
+        where = split_site(p.site) if p.site else None
         if where is None:
-            p.why = "the line that stored it is not known"
+            p.why = "the line that " + ("stored it" if p.leak is not None else "registered them") + " is not known"
             continue
         path, line = where
         full = os.path.abspath(path)
@@ -106,7 +122,7 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
             except (OSError, UnicodeDecodeError) as exc:
                 p.why = f"cannot read {path}: {type(exc).__name__}"
                 continue
-        plan, why = plan_fix(lines, line, lk)
+        plan, why = plan_fix(lines, line, p.leak) if p.leak is not None else plan_hoist(lines, line)
         p.why = why
         if plan is None:
             continue
@@ -135,7 +151,8 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         return None, trial
     with RunReader(trial.db) as reader:
         result.trial = measure(reader)
-        result.after = summarize(reader).leaks
+        after = summarize(reader)
+        result.after, result.after_hooks = after.leaks, after.hooks
         result.kept_after = last_inventory_bytes(reader)
     return result, trial
 

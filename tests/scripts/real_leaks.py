@@ -182,11 +182,6 @@ def hooks_setup():
         model[1].register_forward_hook(stash)
 
 
-def hooks_step(step, x, h):
-    if not args.clean:
-        model[1].register_forward_hook(stash)  # one more each step
-
-
 def sparse_step(step, x, h, kept=[]):  # noqa: B006 - the list the leak keeps
     idx = torch.tensor([[step % WIDTH, 1], [2, 3]])
     s = torch.sparse_coo_tensor(idx, torch.ones(2), (WIDTH, WIDTH), check_invariants=True).coalesce()
@@ -224,8 +219,11 @@ def train(steps, leaks):
         setup = globals().get(f"{name}_setup")
         if setup is not None:
             setup()
-    per_step = [globals()[f"{name}_step"] for name in leaks]
+    per_step = [globals()[f"{name}_step"] for name in leaks if f"{name}_step" in globals()]
+    hook_every_step = "hooks" in leaks and not args.clean
     for step in range(steps):
+        if hook_every_step:
+            model[1].register_forward_hook(stash)  # one more each step
         x, h = train_step()
         for fn in per_step:
             fn(step, x, h)

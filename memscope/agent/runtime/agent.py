@@ -316,6 +316,9 @@ class Agent:
     def module_name(self, module: Any) -> str | None:
         return self._layers.module_name(module)
 
+    def models(self) -> list[Any]:
+        return self._layers.roots()
+
     # -- sampling ------------------------------------------------------------------------------
 
     def _tick(self, wait: bool = True) -> None:

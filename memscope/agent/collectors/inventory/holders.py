@@ -230,7 +230,8 @@ def _running_frames() -> list[Any]:
         tops = list(sys._current_frames().values())
     except Exception:
         return out
-    for frame in tops:
+    for top in tops:
+        frame: Any = top
         while frame is not None:
             out.append(frame)
             frame = frame.f_back
@@ -283,8 +284,8 @@ def _through_container(parts: Path) -> bool:
 
 _SEQUENCES = (list, tuple, deque)
 _DEAD_ENDS = (types.CodeType, types.ModuleType, types.BuiltinFunctionType)
-_GENERATORS = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
-               types.AsyncGeneratorType: "ag_frame"}
+_GENERATORS: dict[type, str] = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
+                                types.AsyncGeneratorType: "ag_frame"}
 # what a program keeps one of per step when it keeps the wrong thing: a container of these is
 # the container that grows ([*]), not one on the way
 _PER_STEP = (BaseException, types.FrameType, types.TracebackType, types.GeneratorType,
