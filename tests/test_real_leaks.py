@@ -1,14 +1,15 @@
 """Leaks as real code makes them (tests/scripts/real_leaks.py), at DEFAULT options: an exception
 kept with its traceback, an unbounded ``functools.lru_cache``, a queue fed faster than its
-consumer thread drains it, a generator's frame, another thread's running function, hooks
-registered every step; and their clean counterparts. Each is checked as a run ending at 20, 200
+consumer thread drains it, a generator's frame, another thread's running function, a list of
+sparse tensors, hooks registered every step; and their clean counterparts. Each is checked as a run ending at 20, 200
 and 2,000 steps would be (a run's first N steps are an N-step run: one run of 2,000 steps, all the
 linear leaks in one loop, each with tensors of its own shape): the holder, the line that stored
 it, and the bytes per step against tests/leaktruth/truth.py's count without memscope; once
 reported, never withdrawn. Hooks registered every step make a leak that accelerates (200 steps:
 2,000 would run 2 million hook calls): the hooks are counted, their registering line found, the
 acceleration said with its cause. ``leaks --diff`` and ``whatif --try fix_leak`` patch each
-class, and the patched copy runs without it."""
+class, and the patched copy runs without it. Sparse tensors are counted by their indices and
+values, in groups of their own layout."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from leak_lengths import TRUTH, Case, Run, _line, attach
 from memscope.analysis.leaks import Leak
 
 SCRIPT = SCRIPTS / "real_leaks.py"
-LINEAR = "traceback,cache,queue,generator,thread"
+LINEAR = "traceback,cache,queue,generator,thread,sparse"
 STEPS = 2000
 LENGTHS = (20, 200, 2000)
 TOLERANCE = 0.005  # bytes per step against the truth (they agree to the byte on every class)
@@ -42,6 +43,9 @@ CLASSES: dict[str, tuple[list[list[int]], str, str, tuple[str, ...]]] = {
                   ("[7, 16]|",)),
     "thread": ([[9, 16]], "__main__.owner.<locals>.mine (in thread 'owner')", _line(SCRIPT, "handed.append("),
                ("[9, 16]|",)),
+    # a sparse COO tensor a step (its indices and values), beside a sparse model (an embedding's
+    # sparse gradients, a sparse adjacency) that keeps nothing
+    "sparse": ([[16, 16]], "__main__.sparse_step.__defaults__[0]", _line(SCRIPT, "kept.append(s)"), ("[16, 16]|",)),
 }
 
 
@@ -65,7 +69,8 @@ def truth(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
 
 def _mine(leaks: list[Leak], name: str) -> list[Leak]:
     shapes = CLASSES[name][0]
-    return [lk for lk in leaks if lk.shape in shapes]
+    sparse = name == "sparse"
+    return [lk for lk in leaks if lk.shape in shapes and (lk.dtype == "float32 sparse_coo") == sparse]
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))

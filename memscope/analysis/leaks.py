@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 MIN_INCREMENTS = 3
 MIN_INVENTORIES = MIN_INCREMENTS + 1  # after warm-up, for any verdict
 MAX_RATE_RATIO = 4.0
+PAUSE_OVER_GROWTH = 2.0  # a pause is longer than this times the growth before it (else: a gap)
 ACCELERATING = 2.0  # the second half's rate at least this times the first's: accelerating
-RESET_SHARE = 0.5
+RESET_SHARE = 0.2  # a drop to within this share of the gain since the low resets; a smaller one is a drain
 SIG_COLUMNS = ("category", "dtype", "shape", "device", "requires_grad", "grad_fn")
 
 Sig = tuple[Any, ...]
@@ -177,7 +178,7 @@ def growth(points: Sequence[tuple[int, ...]]) -> Growth | None:
     lows = _cycle_lows(pts)
     if len(lows) == 1:
         return _rising(pts)
-    return _rising_lows(pts, lows)
+    return _rising_lows(pts, lows) or _since_last_reset(pts, lows)
 
 
 def _cycle_lows(pts: list[Point]) -> list[int]:
@@ -209,48 +210,122 @@ def _rising(pts: list[Point]) -> Growth | None:
     # the growth now: back from the last rise while no pause separates two rises. A pause is two
     # or more inventories that saw no rise over more than twice the typical spacing of rises
     # (a warm-up that filled, then a leak that started later)
+    # A pause is also more than twice as long as the growth before it: a leak that keeps a
+    # tensor on some steps only (an exception raised now and then) has gaps of any length
+    # between its rises, and is measured from its first occurrence
     first = len(rises) - 1
     while first > 0 and not (rises[first] - rises[first - 1] > 2
-                             and pts[rises[first]][0] - pts[rises[first - 1]][0] > 2 * typical):
+                             and (gap := pts[rises[first]][0] - pts[rises[first - 1]][0]) > 2 * typical
+                             and gap > PAUSE_OVER_GROWTH * (pts[rises[first - 1]][0] - pts[rises[0] - 1][0])):
         first -= 1
     window = pts[rises[first] - 1:]
     if len(rises) - first < MIN_INCREMENTS:
         return None
     # stopped: two or more inventories since the last rise, over more steps than any spacing of
     # the rises in this growth (a warm-up cache full, a buffer at its bound)
+    # (falling at every inventory since is not stopped: a consumer's drains, one after another)
     tail = pts[-1][0] - pts[rises[-1]][0]
-    if len(pts) - 1 - rises[-1] >= 2 and tail > max(gaps[first:], default=1):
+    drained = all(q[1] < p[1] for p, q in zip(pts[rises[-1]:], pts[rises[-1] + 1:]))
+    if len(pts) - 1 - rises[-1] >= 2 and tail > max(gaps[first:], default=1) and not drained:
         return None
-    if not _steady(window):
+    if not _steady(window) or not _through_drains(window):
         return None
     g = _rate(window[0], window[-1])
-    g.rate_first, g.rate_last = _halves(window) or (g.bytes_per_step, g.bytes_per_step)
+    if not _monotone(window):  # drained now and then: from its lowest to where it ends
+        end_step, end = _end(window)
+        span = max(end_step - window[0][0], 1)
+        g.bytes_per_step = (end - min(p[1] for p in window)) / span
+    g.rate_first, g.rate_last = (_halves(window) if _monotone(window) else _rise_rates(window)) \
+        or (g.bytes_per_step, g.bytes_per_step)
     # how often it grew, when inventories were denser than its rises (else: at every one seen)
     flat = len(window) - 1 - (len(rises) - first)
     g.every = float(statistics.median(gaps[first:])) if gaps[first:] and flat > len(window) // 2 else 1.0
     return g
 
 
+def _outgrown(window: list[Point]) -> bool:
+    """A growth with drops in it (a consumer that drains part of a queue now and then; a buffer
+    cleared while inventories fall anywhere in its cycle) has outgrown its range: everything its
+    last quarter (by steps) holds is above everything its first quarter held. A bounded buffer
+    never does; a monotone growth is not asked."""
+    if _monotone(window):
+        return True
+    a, z = window[0][0], window[-1][0]
+    first = [p[1] for p in window if p[0] <= a + (z - a) / 4]
+    last = [p[1] for p in window if p[0] >= z - (z - a) / 4]
+    return min(last) > max(first)
+
+
+def _monotone(window: list[Point]) -> bool:
+    return all(q[1] >= p[1] for p, q in zip(window, window[1:]))
+
+
+def _through_drains(window: list[Point]) -> bool:
+    """Outgrown its range (:func:`_outgrown`), or it had before its last drop, and has not
+    fallen since: a consumer's drain that leaves the queue below what it held a while ago does
+    not withdraw a leak that was one before it (the drain is no reset: it kept part of the
+    gain). Only the last drop is looked behind: a bounded queue drained now and then has not
+    outgrown its range before any of its drops."""
+    if _outgrown(window):
+        return True
+    j = max((i for i in range(1, len(window)) if window[i][1] < window[i - 1][1]), default=0)
+    before = window[:j]
+    if len(before) < MIN_INVENTORIES or not _monotone(window[j:]):
+        return False
+    rises = sum(1 for p, q in zip(before, before[1:]) if q[1] > p[1])
+    return rises >= MIN_INCREMENTS and _steady(before) and _outgrown(before)
+
+
+def _end(window: list[Point]) -> tuple[float, float]:
+    """(step, size) where a growth ends: its last point; with drops in it (a consumer's drains
+    now and then), the median of its last quarter's points (by steps), so a drain at the last
+    inventory does not decide its rate."""
+    if _monotone(window):
+        return float(window[-1][0]), float(window[-1][1])
+    a, z = window[0][0], window[-1][0]
+    last = [p for p in window if p[0] >= z - (z - a) / 4]
+    return float(statistics.median(p[0] for p in last)), float(statistics.median(p[1] for p in last))
+
+
 def _halves(window: list[Point]) -> tuple[float, float] | None:
-    """The growth rates (bytes per step) of the window's first and second half, by steps; None
-    when there is no point between its ends."""
+    """The growth rates (bytes per step) of the window's first and second half, by steps, from
+    its lower envelope (what stays: a drain's dip at the midpoint does not halve a rate) to its
+    end (:func:`_end`); None when there is no point between its ends."""
     a, z = window[0], window[-1]
     mid = (a[0] + z[0]) / 2
     m = max((p for p in window[1:-1] if p[0] <= mid), key=lambda p: p[0], default=window[1])
-    if not a[0] < m[0] < z[0]:
+    end_step, end = _end(window)
+    if not a[0] < m[0] < end_step:
         return None
-    return (m[1] - a[1]) / (m[0] - a[0]), (z[1] - m[1]) / (z[0] - m[0])
+    low_a = min(p[1] for p in window)
+    low_m = min(p[1] for p in window if p[0] >= m[0])
+    return (low_m - low_a) / (m[0] - a[0]), (end - low_m) / (end_step - m[0])
 
 
 def _steady(window: list[Point]) -> bool:
     """The growth rate of the window's second half (by steps) is within MAX_RATE_RATIO of the
     first half's, and both are positive."""
-    halves = _halves(window)
+    halves = _halves(window) if _monotone(window) else _rise_rates(window)
     if halves is None:
         a, z = window[0], window[-1]
         return len(window) >= 2 and z[1] > a[1]
     r1, r2 = halves
     return r1 > 0 and r2 > 0 and max(r1, r2) <= MAX_RATE_RATIO * min(r1, r2)
+
+
+def _rise_rates(window: list[Point]) -> tuple[float, float] | None:
+    """With drops in it (drains): how fast it rises between them, in each half (by steps): the
+    median slope of its rises. A deep drain moves where the level is, not how fast it grows."""
+    a, z = window[0][0], window[-1][0]
+    mid = (a + z) / 2
+    first: list[float] = []
+    second: list[float] = []
+    for p, q in zip(window, window[1:]):
+        if q[1] > p[1]:
+            (first if q[0] <= mid else second).append((q[1] - p[1]) / max(q[0] - p[0], 1))
+    if not first or not second:
+        return None
+    return float(statistics.median(first)), float(statistics.median(second))
 
 
 def _rising_lows(pts: list[Point], lows: list[int]) -> Growth | None:
@@ -263,6 +338,21 @@ def _rising_lows(pts: list[Point], lows: list[int]) -> Growth | None:
     if not (c[1] > b[1] and c[1] > max(p[1] for p in first)):
         return None
     return _rate(a, c)
+
+
+def _since_last_reset(pts: list[Point], lows: list[int]) -> Growth | None:
+    """Growth since the last reset that has outgrown every cycle before it: above everything
+    they held, and longer than twice the longest of them (a queue its consumer emptied once,
+    early, then fell behind for good; the consumer may have drained it while memscope's own work
+    paused the training). A buffer cleared at the end of each cycle never does."""
+    start = lows[-1]
+    tail = pts[start:]
+    if len(tail) < MIN_INVENTORIES or tail[-1][1] <= max(p[1] for p in pts[:start]):
+        return None
+    cycles = [pts[b][0] - pts[a][0] for a, b in zip(lows, lows[1:])]
+    if tail[-1][0] - tail[0][0] <= 2 * max(cycles):
+        return None
+    return _rising(tail)
 
 
 def _rate(a: Point, z: Point) -> Growth:

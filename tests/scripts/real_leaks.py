@@ -3,14 +3,16 @@ tensors are tiny (2,000 steps take a few seconds):
 
 * ``traceback``: a check raises inside a helper that holds tensors; the loop keeps the exception
   (``errors.append(e)``): its ``__traceback__`` keeps the helper's frame, its locals and their
-  graphs. ``--every N``: the check fails on every N-th step only, from step ``--from``.
+  graphs. ``--every N``: the check fails on every N-th step only, from step ``--from``;
+  ``--chance P``: on such a step, with probability P (a seeded draw: the same steps every run).
 * ``cache``: a ``functools.lru_cache(maxsize=None)`` function returns a new tensor for each new
   argument (the step).
 * ``queue``: a ``queue.Queue`` fed each step; a logger thread takes one item every two steps (it
   follows the loop's step count, so the rate does not depend on timing; a full queue it drains
   at once). ``--timed``: the logger takes an item every 2 ms instead, whatever the loop does.
 * ``hooks``: a forward hook registered inside the loop, each stashing a copy of the output.
-* ``sparse``: a list keeping one sparse COO tensor a step (``--layout csr``: CSR).
+* ``sparse``: a list keeping one sparse COO tensor a step (``--layout csr``: CSR), beside a
+  sparse model that keeps nothing (an embedding with sparse gradients, a sparse adjacency).
 * ``generator``: a generator's frame keeps each step's tensor in its local list.
 * ``thread``: another thread's running function keeps the tensors handed to it in a local list.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -40,6 +43,7 @@ p.add_argument("--leak", default="traceback",
                help="traceback, cache, queue, hooks, sparse, generator, thread, or several, comma-separated")
 p.add_argument("--clean", action="store_true")
 p.add_argument("--every", type=int, default=1)
+p.add_argument("--chance", type=float, default=1.0)
 p.add_argument("--from", dest="start", type=int, default=0)
 p.add_argument("--timed", action="store_true")
 p.add_argument("--layout", default="coo", choices=["coo", "csr"])
@@ -138,10 +142,23 @@ def batch():
     return torch.randn(8, WIDTH), torch.randint(0, 4, (8,))
 
 
+SPARSE_MODEL = "sparse" in args.leak.split(",")
+if SPARSE_MODEL:  # a sparse model too: an embedding with sparse gradients, and a sparse adjacency
+    emb = nn.Embedding(64, 4, sparse=True)
+    opt.add_param_group({"params": emb.parameters()})
+    ring = torch.arange(WIDTH)
+    adjacency = torch.sparse_coo_tensor(torch.stack([ring, (ring + 1) % WIDTH]), torch.ones(WIDTH),
+                                        (WIDTH, WIDTH), check_invariants=True).coalesce()
+
+
 def train_step():
     x, y = batch()
+    if SPARSE_MODEL:
+        x = torch.sparse.mm(adjacency, x.t()).t().contiguous()
     h = model[0](x)
     loss = F.cross_entropy(model[2](model[1](h)), y)
+    if SPARSE_MODEL:
+        loss = loss + emb(torch.randint(0, 64, (8,))).square().mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -149,8 +166,11 @@ def train_step():
 
 
 # each leak: (set-up, what it does after each step); the tensors of each have a shape of their own
+draws = random.Random(36)
+
+
 def traceback_step(step, x, h):
-    fails = step >= args.start and step % args.every == 0
+    fails = step >= args.start and step % args.every == 0 and draws.random() < args.chance
     try:
         check(model[0](x), fails)
     except TooLarge as e:

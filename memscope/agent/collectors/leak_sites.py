@@ -62,7 +62,7 @@ from memscope.agent.torchcompat.compiled import CompileWatch, compile_used, is_c
 from memscope.agent.torchcompat.module_names import module_path
 from memscope.agent.torchcompat.unseen import unseen
 from memscope.agent.torchcompat.handles import remove_quietly
-from memscope.agent.torchcompat.storages import storage_address
+from memscope.agent.torchcompat.storages import dtype_text, storage_address
 from memscope.agent.collectors.inventory.holders import _frame_locals, clear_frame_snapshots
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
@@ -352,7 +352,7 @@ class SiteCapture:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) not in self._shapes:
             return
         fn = out.grad_fn
-        key = (tuple(out.shape), str(out.dtype).replace("torch.", ""), str(out.device),
+        key = (tuple(out.shape), dtype_text(out), str(out.device),
                bool(out.requires_grad), type(fn).__name__ if fn is not None else None)
         sig = self._armed.get(key)
         if sig is None or (self._per_sig[sig] >= MAX_CANDIDATES and not self._room(sig)):
@@ -362,8 +362,8 @@ class SiteCapture:
             return
         self._per_sig[sig] += 1
         module = None
-        ptr = storage_address(out.untyped_storage())
-        produced = self._outputs.get(ptr)
+        ptr = storage_address(out.untyped_storage()) if out.layout is torch.strided else 0
+        produced = self._outputs.get(ptr) if ptr else None
         if produced is not None:
             o = produced[0]()
             if o is not None and storage_address(o.untyped_storage()) == ptr:

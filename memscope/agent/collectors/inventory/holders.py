@@ -136,10 +136,10 @@ class _Search:
         self.others: dict[Hashable, tuple[tuple[int, int, int], str]] = {}  # the best other root so far
         self.budget = {key: MAX_REFERRERS for key in samples}
         # frames on some thread's stack: their locals are read by _from_frames, not walked up
-        # from (held for the search, so their ids stay theirs)
-        self.running: list[Any] = _running_frames()
-        self.running_ids = {id(f) for f in self.running}
-        self.own.update((id(self.running), id(self.running_ids)))
+        # from (ids only: a list of them would hold this very frame, and with it the samples,
+        # in a cycle that a script with the collector off never frees)
+        self.running_ids = _running_frames()
+        self.own.add(id(self.running_ids))
         self.frontier: list[Any] = []
         for key, lst in samples.items():
             self.own.add(id(lst))
@@ -220,22 +220,25 @@ class _Search:
         self.frontier.clear()
         self.objs.clear()
         self.path.clear()
-        self.running.clear()
 
 
-def _running_frames() -> list[Any]:
-    """Every frame on some thread's stack now."""
-    out: list[Any] = []
+def _running_frames() -> set[int]:
+    """The ids of every frame on some thread's stack now."""
+    out: set[int] = set()
     try:
         tops = list(sys._current_frames().values())
     except Exception:
         return out
-    for top in tops:
-        frame: Any = top
-        while frame is not None:
-            out.append(frame)
-            frame = frame.f_back
-    tops.clear()
+    frame: Any = None
+    try:
+        while tops:
+            frame = tops.pop()
+            while frame is not None:
+                out.add(id(frame))
+                frame = frame.f_back
+    finally:
+        frame = None
+        tops.clear()
     return out
 
 

@@ -32,7 +32,7 @@ from memscope.agent.collectors.inventory.live import LiveTensors
 from memscope.agent.collectors.inventory.preserved import preserved_refs
 from memscope.agent.torchcompat.optimizer_state import optimizer_state_tensors
 from memscope.agent.torchcompat.unseen import unseen
-from memscope.agent.torchcompat.storages import storage_address
+from memscope.agent.torchcompat.storages import dtype_text, storage_address, storage_parts
 
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
@@ -71,22 +71,26 @@ def _text_signature(raw: tuple[Any, ...]) -> Signature:
             int(bool(rg)), fn.__name__ if fn is not None else None)
 
 
+def _dtype(t: Any) -> Any:
+    """The dtype a group is keyed by: torch's for a strided tensor, ``"float32 sparse_coo"`` for
+    one of another layout (its group is not its dense twin's)."""
+    return t.dtype if t.layout is torch.strided else dtype_text(t)
+
+
 def signature(category: str, t: Any) -> Signature:
     fn = t.grad_fn
-    return _text_signature((category, t.dtype, t.shape, t.device, t.requires_grad,
+    return _text_signature((category, _dtype(t), t.shape, t.device, t.requires_grad,
                             type(fn) if fn is not None else None))
 
 
-def _storage(t: Any) -> tuple[int, int] | None:
-    """(storage address, storage bytes) of a tensor with storage, else None. The address alone
-    names a storage: host and CUDA devices share one virtual address space (UVA)."""
+def _storages(t: Any) -> list[tuple[int, int]]:
+    """(storage address, storage bytes) of each storage holding a tensor's memory (a sparse
+    tensor's indices and values), [] when none. The address alone names a storage: host and
+    CUDA devices share one virtual address space (UVA)."""
     try:
-        ptr = storage_address(s := t.untyped_storage())
-        if not ptr:  # meta (a FakeTensor too), empty
-            return None
-        return ptr, int(s.nbytes())
-    except Exception:  # sparse, wrapper subclasses, fake tensors, freed storages
-        return None
+        return storage_parts(t)  # meta (a FakeTensor too) and empty storages: none
+    except Exception:  # wrapper subclasses, fake tensors, freed storages
+        return []
 
 
 class _Slot:
@@ -112,8 +116,8 @@ def _raw(t: Any) -> tuple[Any, ...]:
     """The torch-level signature the hot loop computes inline (tensors other than parameters)."""
     fn = t.grad_fn
     if fn is None:
-        return ("other", t.dtype, t.shape, t.device, t.requires_grad, None)
-    return ("activations", t.dtype, t.shape, t.device, True, type(fn))
+        return ("other", _dtype(t), t.shape, t.device, t.requires_grad, None)
+    return ("activations", _dtype(t), t.shape, t.device, True, type(fn))
 
 
 class _Counter:
@@ -125,7 +129,7 @@ class _Counter:
 
     def count(self, category: str, t: Any, nbytes: int) -> None:
         fn = t.grad_fn
-        raw = (category, t.dtype, t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
+        raw = (category, _dtype(t), t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
         s = self.slots.get(raw) or self.new_slot(raw)
         s.count += 1
         s.bytes += nbytes
@@ -198,14 +202,15 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     s: Any = None
     try:
         for category, t in known:
-            st = _storage(t)
-            if st is None or st[0] in seen:
+            parts = [p for p in _storages(t) if p[0] not in seen]
+            if not parts:
                 continue
             try:
-                counter.count(category, t, st[1])
+                counter.count(category, t, sum(n for _, n in parts))
             except Exception:
                 continue
-            seen[st[0]] = None
+            for ptr, _ in parts:
+                seen[ptr] = None
         known.clear()
         fixed = set(seen)  # parameters, gradients, optimizer state: never charged to a graph
         fixed_add = fixed.add
@@ -244,7 +249,9 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
                     slot.roots.append((ptr, fn))
                 if slot.samples is not None:
                     slot.samples.append(t)
-            except Exception:  # sparse, wrapper subclasses, fake tensors: not counted
+            except Exception:  # another layout (sparse), wrapper subclasses, fake tensors
+                if t.layout is not torch.strided:
+                    _count_layout(t, seen, slots, new_slot)
                 continue
         del s
         if walk_graphs:
@@ -296,6 +303,27 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     return inv
 
 
+def _count_layout(t: Any, seen: dict[int, Any], slots: dict[tuple[Any, ...], _Slot], new_slot: Any) -> None:
+    """A tensor of another layout than strided (sparse COO, CSR ...; rare, so off the hot
+    path): its index and value storages, each storage once, in a group of its layout."""
+    try:
+        parts = [p for p in storage_parts(t) if p[0] not in seen]
+        if not parts:
+            return
+        for ptr, _ in parts:
+            seen[ptr] = t
+        raw = _raw(t)
+        slot = slots.get(raw) or new_slot(raw)
+        slot.count += 1
+        slot.bytes += sum(n for _, n in parts)
+        if raw[5] is not None:
+            slot.roots.append((parts[0][0], t.grad_fn))
+        if slot.samples is not None:
+            slot.samples.append(t)
+    except Exception:
+        return
+
+
 def _uncount_saved(saved: tuple[set[int], set[int]], seen: dict[int, Any],
                    slots: dict[tuple[Any, ...], _Slot]) -> None:
     """Take back the live tensors a walked graph saved (they are in that root's graph_bytes),
@@ -313,7 +341,7 @@ def _uncount_saved(saved: tuple[set[int], set[int]], seen: dict[int, Any],
         try:
             raw = _raw(t)
             sl = slots[raw]
-            nbytes = int(t.untyped_storage().nbytes())
+            nbytes = sum(n for _, n in _storages(t))
         except Exception:
             continue
         if raw[5] is not None and ptr in sl.median_charged:
@@ -361,7 +389,7 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
         walked.extend((*members[i], sl, len(rest)) for i in idx)
         sl.sampled = {members[i][0] for i in idx}
         rest.append((sl, idx))
-    walker = GraphWalker(fixed)
+    walker = GraphWalker(fixed, live)
     kept: set[int] = set()
     # a big kind's sampled roots: what each walk charged, and whether another graph had reached
     # the root's node before its own walk
