@@ -107,6 +107,9 @@ def test_the_report_names_each_fix(linear: Run) -> None:
     (q,) = [h for k, h in how.items() if k.endswith(".queue")]
     assert "queue.Queue(maxsize=N)" in q and "back-pressure" in q
     assert report["hook_growth"] == []
+    (sparse,) = [lk for lk in report["leaks"] if lk["layout"] == "sparse_coo"]
+    assert (sparse["dtype"], sparse["shape"]) == ("float32", [16, 16])
+    assert {lk["layout"] for lk in report["leaks"]} == {"strided", "sparse_coo"}
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +190,16 @@ def test_whatif_fix_leak_patches_and_reruns_each_class(tmp_path: Path) -> None:
     # the stash itself (a list of detached copies, no graph) is the program's choice: not patched
     (kept,) = [p for p in doc["patches"] if not p["patched"]]
     assert kept["held_by"] == "__main__.model.1.seen" and "no autograd graph" in kept["why"]
+
+
+def test_the_peak_breakdown_counts_the_leaked_tensors(linear: Run, clean: Run) -> None:
+    """``peak.breakdown.leaked``: what the leaking groups held at the inventory nearest the peak
+    (here they grow from step 0, so their rates times the step, give or take the first steps),
+    taken out of ``other``; 0 in a clean run."""
+    report = report_json(linear.db)
+    bd, step = report["peak"]["breakdown"], report["peak"]["step"]
+    near = min(linear.inventory_steps, key=lambda s: (abs(s - step), s))
+    per_step = sum(lk["bytes_per_step"] for lk in report["leaks"])
+    assert abs(bd["leaked"] - per_step * near) <= 0.05 * per_step * near + 8192, (bd, near, per_step)
+    assert list(bd)[-2:] == ["leaked", "other"]
+    assert report_json(clean.db)["peak"]["breakdown"]["leaked"] == 0

@@ -102,8 +102,9 @@ class Leak:
         return "tensors"
 
     def as_json(self) -> dict[str, Any]:
+        dtype, layout = split_dtype(self.dtype)
         return {"bytes_per_step": self.bytes_per_step, "tensors_per_step": self.tensors_per_step,
-                "shape": self.shape, "dtype": self.dtype, "category": self.category,
+                "shape": self.shape, "dtype": dtype, "category": self.category, "layout": layout,
                 "held_by": self.held_by, "site": self.site, "module": self.module,
                 "first_step": self.first_step, "last_step": self.last_step,
                 # additive to memscope.report/1
@@ -112,6 +113,15 @@ class Leak:
                 "node_bytes": self.node_cost.bytes, "node_bytes_measured": self.node_cost.measured,
                 "accelerating": self.accelerating, "bytes_per_step_now": int(round(self.rate_last)),
                 "cause": self.cause}
+
+
+def split_dtype(text: str | None) -> tuple[str | None, str]:
+    """A group's dtype text as (dtype, layout): ``"float32 sparse_coo"`` -> ("float32",
+    "sparse_coo"); a strided tensor's is ("float32", "strided")."""
+    if text is None or " " not in text:
+        return text, "strided"
+    dtype, layout = text.split(" ", 1)
+    return dtype, layout
 
 
 @dataclass

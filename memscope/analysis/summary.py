@@ -5,12 +5,15 @@ Pure functions over rows from :class:`memscope.store.reader.RunReader`.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.analysis.oom import OomReport, post_mortem
 from memscope.analysis.hooks import HookGrowth, hook_growth
-from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, inventory_steps, leak_check, leaks_of
+from memscope.analysis.leaks import (MIN_INVENTORIES, Leak, LeakCheck, has_inventories, inventory_steps, leak_check,
+                                     leaks_of)
 from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
 from memscope.analysis.workers import WorkerGrowth, worker_growth
 from memscope.analysis.ranks import RankSummary, rank_summaries
@@ -89,6 +92,34 @@ class RunSummary:
     recording: list[str] = field(default_factory=list)
 
 
+def _leaked_at_peak(reader: RunReader, peak: Peak, leaks: list[Leak], proc: int) -> None:
+    """``peak.breakdown["leaked"]``: what the leaking groups held (tensors, what their graphs
+    saved, their nodes) at the inventory nearest the peak step, taken out of ``other``, where
+    they were (a profiled step's categories are its own parameters, state and saved
+    activations; kept tensors of older steps are none of them). 0 without leaks."""
+    bd = peak.breakdown
+    if bd is None:
+        return
+    held = 0
+    if leaks and peak.step is not None and has_inventories(reader):
+        near = reader.scalar("SELECT step FROM inventories WHERE proc = ? ORDER BY abs(step - ?), step LIMIT 1",
+                             (proc, peak.step))
+        rows = reader.query("SELECT * FROM inventory_groups WHERE proc = ? AND step = ?", (proc, near)) \
+            if near is not None else []
+        keys = {(lk.category, lk.dtype, json.dumps(lk.shape) if lk.shape is not None else None, lk.grad_fn)
+                for lk in leaks}
+        each = leaks[0].node_cost.bytes
+        for r in rows:
+            if (r["category"], r["dtype"], r["shape"], r["grad_fn"]) in keys:
+                held += int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + int(r["graph_nodes"] or 0) * each
+    other = int(bd.get("other") or 0)
+    leaked = min(held, other)
+    out = {k: v for k, v in bd.items() if k != "other"}
+    out["leaked"] = leaked
+    out["other"] = other - leaked
+    peak.breakdown = out
+
+
 def _causes(leaks: list[Leak], hooks: list[HookGrowth]) -> None:
     """An accelerating leak beside hooks that keep coming: those hooks are the likely cause (each
     one added runs, and keeps, at every call from then on)."""
@@ -134,6 +165,8 @@ def summarize(reader: RunReader) -> RunSummary:
     hooks = hook_growth(reader, main["id"] if main else None,
                         inventory_steps(reader, main["id"]) if main else [])
     _causes(leaks, hooks)
+    if main is not None and peak.breakdown is not None:
+        _leaked_at_peak(reader, peak, leaks, peak.proc if peak.proc is not None else main["id"])
     ranks = rank_summaries(reader, stats)
     median = next((r.median_step_s for r in ranks if main and r.proc == main["id"]), None)
     return RunSummary(
