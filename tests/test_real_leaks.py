@@ -162,7 +162,8 @@ def _events(db: Path, kind: str) -> list[dict[str, Any]]:
 
 def test_diff_patches_each_class(linear: Run, hooks: Run) -> None:
     text = cli("leaks", str(linear.db), "--diff").stdout
-    assert "-            errors.append(e)\n+            errors.append(e.with_traceback(None))\n" in text
+    pad = " " * 20
+    assert f"-{pad}errors.append(e)\n+{pad}errors.append(e.with_traceback(None))\n" in text
     assert "-@functools.lru_cache(maxsize=None)\n+@functools.lru_cache(maxsize=128)\n" in text
     assert "-log_queue = queue.Queue()\n+log_queue = queue.Queue(maxsize=8)\n" in text
     assert text.count("\n--- a/tests/scripts/real_leaks.py") == 3  # the traceback's two groups: one patch

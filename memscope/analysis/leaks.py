@@ -325,9 +325,13 @@ def _steady(window: list[Point]) -> bool:
 
 def _rise_rates(window: list[Point]) -> tuple[float, float] | None:
     """With drops in it (drains): how fast it rises between them, in each half (by steps): the
-    median slope of its rises. A deep drain moves where the level is, not how fast it grows."""
+    median slope of its rises. A deep drain moves where the level is, not how fast it grows.
+    None unless the second half reached a new high: a bounded queue that jitters at its bound
+    (one item taken, one put) rises as often as it falls, and never above its bound."""
     a, z = window[0][0], window[-1][0]
     mid = (a + z) / 2
+    if max(p[1] for p in window if p[0] > mid) <= max(p[1] for p in window if p[0] <= mid):
+        return 0.0, 0.0
     first: list[float] = []
     second: list[float] = []
     for p, q in zip(window, window[1:]):

@@ -111,7 +111,8 @@ def _leaked_at_peak(reader: RunReader, peak: Peak, leaks: list[Leak], proc: int)
         each = leaks[0].node_cost.bytes
         for r in rows:
             if (r["category"], r["dtype"], r["shape"], r["grad_fn"]) in keys:
-                held += int(r["bytes"] or 0) + int(r["graph_bytes"] or 0) + int(r["graph_nodes"] or 0) * each
+                held += int(r.get("bytes") or 0) + int(r.get("graph_bytes") or 0) \
+                    + int(r.get("graph_nodes") or 0) * each  # (files before schema 5 have no nodes)
     other = int(bd.get("other") or 0)
     leaked = min(held, other)
     out = {k: v for k, v in bd.items() if k != "other"}

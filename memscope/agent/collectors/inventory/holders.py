@@ -141,15 +141,31 @@ class _Search:
         self.running_ids = _running_frames()
         self.own.add(id(self.running_ids))
         self.frontier: list[Any] = []
+        # objects on a path from one of the older half of a group's samples (the oldest alive: a
+        # leak's), and the root the newer ones reached first, kept while the older are searched
+        # on (a group of the loop's current batch and of the batches a queue keeps: the loop's
+        # `data` names the newest, the queue the leak)
+        self.old: set[int] = set()
+        self.young: dict[Hashable, list[str]] = {}
         for key, lst in samples.items():
             self.own.add(id(lst))
-            for o in lst:
+            for i, o in enumerate(lst):
                 if id(o) not in self.objs:
                     self.objs[id(o)] = o
                     self.path[id(o)] = ((), key)
                     self.frontier.append(o)
+                    if i < (len(lst) + 1) // 2:
+                        self.old.add(id(o))
 
     def run(self) -> None:
+        try:
+            self._levels()
+        finally:
+            for key, names in self.young.items():  # the older samples never reached a root
+                if key not in self.named:
+                    self.named[key] = min(names, key=_preference)
+
+    def _levels(self) -> None:
         for _ in range(MAX_DEPTH):
             if not self.frontier:
                 return
@@ -180,13 +196,17 @@ class _Search:
                     if kind == "name":
                         rank = (0 if _through_container(self.path[cid][0]) else 1,
                                 1 if _preference(value)[0] == 2 else 0, 0)
-                        if rank == (0, 0, 0):
+                        if rank == (0, 0, 0) and cid in self.old:
                             found.setdefault(key, []).append(value)
+                        elif rank == (0, 0, 0):
+                            self.young.setdefault(key, []).append(value)
                         elif key not in self.others or rank < self.others[key][0]:
                             self.others[key] = (rank, value)
                     elif rid not in self.objs:
                         self.objs[rid] = r
                         self.path[rid] = (value, key)
+                        if cid in self.old:
+                            self.old.add(rid)
                         nxt.append(r)
                         self._instance_name(r, value, key)
                     elif self.path[rid][1] == key and _through_container(value) \
@@ -194,11 +214,17 @@ class _Search:
                         # reached again through the container that grows (a generator's
                         # ``kept`` after its ``t``): that path names it from now on
                         self.path[rid] = (value, key)
+                        if cid in self.old:
+                            self.old.add(rid)
             referrers.clear()
             del referrers, args
             for key, names in found.items():
                 self.named[key] = min(names, key=_preference)
             self.frontier.clear()
+            for key, names in self.young.items():  # no older sample reached a root of its own
+                if key not in self.named and not any(self.path[id(o)][1] == key and id(o) in self.old
+                                                     for o in nxt):
+                    self.named[key] = min(names, key=_preference)
             self.frontier = [o for o in nxt if self.path[id(o)][1] not in self.named
                              and self.budget[self.path[id(o)][1]] > 0]
             nxt.clear()
@@ -220,6 +246,7 @@ class _Search:
         self.frontier.clear()
         self.objs.clear()
         self.path.clear()
+        self.old.clear()
 
 
 def _running_frames() -> set[int]:

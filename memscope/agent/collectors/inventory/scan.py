@@ -457,10 +457,19 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
             got = [g for g in (own.get(k, (0, 0, True)) for k in sl.sampled) if not g[2]]
             b = int(_median([g[0] for g in got])) if got else 0
             n = int(_median([g[1] for g in got])) if got else 0
+            visited = walker.visited
+            charged = [(k, f) for k, f in sl.roots
+                       if k not in sl.sampled and id(f) not in visited and id(f) not in shadow]
+            if charged and not got and len(charged) <= GRAPH_SAMPLE:
+                # every sampled root was reached by another graph, and a few unsampled ones were
+                # not (the loop's own tensor of a kind a traceback keeps many of): no median to
+                # charge them, so they are walked, each, exactly
+                for k, f in charged:
+                    if walker.truncated:
+                        break
+                    walk(k, f, sl)
+                continue
             if b or n:
-                visited = walker.visited
-                charged = [(k, f) for k, f in sl.roots
-                           if k not in sl.sampled and id(f) not in visited and id(f) not in shadow]
                 sl.median_charged = {k for k, _ in charged}
                 sl.graph_bytes += b * len(charged)
                 sl.graph_nodes += n * len(charged)
