@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from memscope.analysis.leaks import Leak, find_leaks  # noqa: E402
+from third_party_leaks import _edit, _verdicts  # noqa: E402
 
 MIRROR = Path("/work/.mirror/pytorch+examples/repo")
 TRUTH = ROOT / "tests" / "leaktruth" / "truth.py"
@@ -165,16 +164,6 @@ def _prepare_wlm(copy: Path) -> None:
     for name, lines in (("train.txt", 800), ("valid.txt", 80), ("test.txt", 80)):
         text = "".join(" ".join(rng.choices(words, k=rng.randint(5, 25))) + " .\n" for _ in range(lines))
         (data / name).write_text(text, encoding="utf-8")
-
-
-def _edit(path: Path, edits: list[tuple[str, str]]) -> None:
-    text = path.read_text()
-    for anchor, new in edits:
-        if text.count(anchor) != 1:
-            raise SystemExit(f"third_party_examples: {path.name}: expected one {anchor.strip()!r}, "
-                             f"found {text.count(anchor)} (another revision of pytorch/examples?)")
-        text = text.replace(anchor, new)
-    path.write_text(text)
 
 
 @dataclass
@@ -301,16 +290,6 @@ def _copy(tree: Path, ex: Example, tmp: Path, label: str, leak: bool) -> Path:
     if leak:
         _edit(target, ex.leak)
     return copy
-
-
-def _verdicts(db: Path) -> tuple[list[int], Callable[[int], list[Leak]]]:
-    with sqlite3.connect(db) as conn:
-        conn.row_factory = sqlite3.Row
-        inv = [r[0] for r in conn.execute("SELECT step FROM inventories ORDER BY step")]
-        rows = [dict(r) for r in conn.execute("SELECT * FROM inventory_groups")]
-        holders = [dict(r) for r in conn.execute("SELECT * FROM leak_holders ORDER BY step")]
-    return inv, lambda last: find_leaks([s for s in inv if s <= last], [r for r in rows if r["step"] <= last],
-                                        [h for h in holders if h["step"] <= last])
 
 
 def _truth(copy: Path, ex: Example) -> float | None:

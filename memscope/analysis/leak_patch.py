@@ -101,18 +101,28 @@ def _one(line: int, new: str | None, why: str) -> tuple[Plan | None, str]:
     return (Plan([Edit(line, 1, [new])], why) if new is not None else None), why
 
 
+def _stored_expr(text: str) -> tuple[ast.expr, str, str, str] | str:
+    """(the stored expression, its source, the line without its indent, the indent) of a
+    storing line, or why there is none."""
+    stmt, stripped, indent = _statement(text)
+    if stmt is None:
+        return stripped
+    value = _stored(stmt)
+    if value is None:
+        return "not an append, an assignment or a +=: edit it by hand"
+    seg = ast.get_source_segment(stripped, value)
+    if seg is None:
+        return "the stored expression could not be located on the line"
+    return value, seg, stripped, indent
+
+
 def _traceback_line(text: str, held: str) -> tuple[str | None, str]:
     """``errors.append(e)`` -> ``errors.append(e.with_traceback(None))`` (``str(e)`` when a
     chained exception's traceback keeps them)."""
-    stmt, stripped, indent = _statement(text)
-    if stmt is None:
-        return None, stripped
-    value = _stored(stmt)
-    if value is None:
-        return None, "not an append, an assignment or a +=: edit it by hand"
-    seg = ast.get_source_segment(stripped, value)
-    if seg is None:
-        return None, "the stored expression could not be located on the line"
+    found = _stored_expr(text)
+    if isinstance(found, str):
+        return None, found
+    value, seg, stripped, indent = found
     chained = "__context__" in held or "__cause__" in held
     new_seg = f"str({seg})" if chained else f"{seg}.with_traceback(None)"
     why = ("the exception's message instead of the exception: a chained exception's traceback keeps "
@@ -321,15 +331,10 @@ def patch_line(text: str, leak: Leak) -> tuple[str | None, str]:
     if not leak.grad_fn:
         return None, ("its tensors carry no autograd graph: how many to keep is the program's "
                       "choice (collections.deque(maxlen=N), or clear the container once used)")
-    stmt, stripped, indent = _statement(text)
-    if stmt is None:
-        return None, stripped
-    value = _stored(stmt)
-    if value is None:
-        return None, "not an append, an assignment or a +=: edit it by hand"
-    seg = ast.get_source_segment(stripped, value)
-    if seg is None:
-        return None, "the stored expression could not be located on the line"
+    found = _stored_expr(text)
+    if isinstance(found, str):
+        return None, found
+    value, seg, stripped, indent = found
     scalar = leak.shape == []
     if seg.endswith(".detach()") and scalar:
         new_seg, why = seg[:-len(".detach()")] + ".item()", "a Python float instead of a tensor"
