@@ -178,6 +178,7 @@ class Example:
     common: list[tuple[str, str]] = field(default_factory=list)  # edits both runs need
     prepare: Callable[[Path], None] | None = None
     rate_tolerance: float | None = RATE_TOLERANCE  # None: not compared (a leak that accelerates)
+    optimizers: int = 1  # optimizer steps an iteration (the truth counts optimizer steps)
 
 
 EXAMPLES: dict[str, Example] = {
@@ -226,10 +227,11 @@ EXAMPLES: dict[str, Example] = {
           "for epoch in range(opt.niter):\n"),
          ("        optimizerG.step()\n",
           "        optimizerG.step()\n        log_queue.put(fake.detach())\n")],
-        "__main__.log_queue.queue", "log_queue.put(", truth_steps=(20, 60), rate_tolerance=0.5),
+        "__main__.log_queue.queue", "log_queue.put(", truth_steps=(20, 60), rate_tolerance=0.5, optimizers=2),
     "word_language_model": Example(
         "word_language_model", "main.py",
-        ["--model", "Transformer", "--emsize", "32", "--nhid", "32", "--nlayers", "1", "--nhead", "2",
+        ["--model", "Transformer", "--use-optimizer", "--emsize", "32", "--nhid", "32", "--nlayers", "1",
+         "--nhead", "2",
          "--epochs", "3", "--bptt", "20", "--batch_size", "8", "--log-interval", "1000", "--save", "m.pt"],
         [("def train():\n",
           "import functools\n\n\n"
@@ -292,9 +294,10 @@ def _copy(tree: Path, ex: Example, tmp: Path, label: str, leak: bool) -> Path:
     return copy
 
 
-def _truth(copy: Path, ex: Example) -> float | None:
-    """Bytes (tensors and what their graphs save) kept per step between the truth's two steps,
-    by a plain run (tests/leaktruth/truth.py: no memscope)."""
+def _truth(copy: Path, ex: Example, keys: set[str]) -> float | None:
+    """Bytes (tensors and what their graphs save) the groups ``keys`` (``"[8, 784]|float32|
+    SigmoidBackward0"``: the leak's) kept per step between the truth's two steps, by a plain
+    run (tests/leaktruth/truth.py: no memscope)."""
     a, b = ex.truth_steps
     out = copy / "truth.json"
     done = subprocess.run([sys.executable, str(TRUTH), str(out), str(a), str(b), ex.script, *ex.args],
@@ -303,7 +306,9 @@ def _truth(copy: Path, ex: Example) -> float | None:
         print(f"    (truth failed: {done.stderr.strip().splitlines()[-1:]})")
         return None
     groups = json.loads(out.read_text())["groups"]
-    return sum((g[1][1] - g[0][1]) + (g[1][3] - g[0][3]) for g in groups.values()) / (b - a)
+    per_optimizer_step = sum((g[1][1] - g[0][1]) + (g[1][3] - g[0][3])
+                             for k, g in groups.items() if k in keys) / (b - a)
+    return per_optimizer_step * ex.optimizers  # memscope's steps are iterations (its first optimizer's)
 
 
 @dataclass
@@ -338,10 +343,13 @@ def run_leak(name: str, ex: Example, tree: Path, tmp: Path) -> Outcome:
     hit = {st: mine(leaks_at(st), lambda lk: lk.held_by) for st in steps}
     first = next((st for st in steps if hit[st]), None)
     withdrawn = [st for st in steps if first is not None and st > first and not hit[st]]
-    end = mine(report["leaks"], lambda lk: lk["held_by"])
+    verdict = json.loads(subprocess.run([sys.executable, "-m", "memscope", "leaks", "--json", str(db)], cwd=copy,
+                                        capture_output=True, text=True, check=True).stdout)
+    end = mine(verdict["leaks"], lambda lk: lk["held_by"])  # (leaks --json has each one's grad_fn)
     lines = (copy / ex.script).read_text().splitlines()
     stored = f"{ex.script}:{next(i + 1 for i, ln in enumerate(lines) if ln.strip().startswith(ex.stored))}"
-    truth = _truth(copy, ex)
+    keys = {f"{lk['shape']}|{lk['dtype']}|{lk.get('grad_fn')}" for lk in end}
+    truth = _truth(copy, ex, keys)
     rate = sum(lk["bytes_per_step"] - lk["graph_nodes_per_step"] * lk["node_bytes"] for lk in end)
     ratio = rate / truth if truth else None
     sites = sorted({str(lk.get("site")) for lk in end})

@@ -32,13 +32,15 @@ def _parts(t: torch.Tensor) -> int:
     return sum(_storages(t).values())
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_sparse_tensors_in_an_inventory(live: LiveTensors) -> None:
     emb = nn.Embedding(50, 4, sparse=True)
     opt = torch.optim.SGD(emb.parameters(), lr=0.1)
     emb(torch.tensor([1, 2, 3])).sum().backward()
     opt.step()
     idx = torch.tensor([[0, 1, 2], [2, 0, 1]])
-    coo = [torch.sparse_coo_tensor(idx, torch.ones(3) * k, (8, 8)).coalesce() for k in range(3)]
+    coo = [torch.sparse_coo_tensor(idx, torch.ones(3) * k, (8, 8), check_invariants=True).coalesce()
+           for k in range(3)]
     csr = [c.to_sparse_csr() for c in coo]
     gc.collect()
     inv = take_inventory(live, [opt])

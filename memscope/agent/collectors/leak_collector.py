@@ -13,6 +13,7 @@ event; the training goes on.
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +132,9 @@ class LeakCollector:
         for sig, held_by in inv.holders.items():
             self._holder_row(step, sig, held_by=held_by)
         if self._hooks_enabled:
+            c0 = time.thread_time()
             self._hook_counts(step)
+            self.schedule.spent_s += max(time.thread_time() - c0, 0.0)  # paid from the same budget
 
     # -- hooks ---------------------------------------------------------------------------------
 
