@@ -109,6 +109,9 @@ VOLATILE: list[tuple[str, re.Pattern[str]]] = [
                        r"|(?<= · other )[\d.]+ [KMGT]?i?B|(?<=^ {2}other {14})[\d.]+ [KMGT]?i?B")),
     # the process's virtual size moves with the interpreter's and torch's mappings, as RSS does
     ("VMS", re.compile(r"(?<=virtual size )[\d.]+ [KMGT]?i?B")),
+    # ... and the limit line's sum with the request, and how far that is over or under the limit
+    ("VMS", re.compile(r"(?<= = )[\d.]+ [KMGT]?i?B(?=, (?:over it by|[\d.]+ [KMGT]?i?B under it))"
+                       r"|(?<=over it by )[\d.]+ [KMGT]?i?B|[\d.]+ [KMGT]?i?B(?= under it by these figures)")),
     # the machine's memory, and its RSS-derived share
     ("MACHINE", re.compile(r"\d+% of the machine's [\d.]+ [KMGT]?i?B")),
     # rows of `memscope diff` that are host RSS or wall time through and through

@@ -147,7 +147,9 @@ def test_tiny_gpt_hotspots_by_block(tmp_path: Path) -> None:
     assert sizes == sorted(sizes, reverse=True) and all(s > 0 for s in sizes)
     assert abs(sum(h["share"] for h in spots) - 1) < 0.01
     bd = report["peak"]["breakdown"]
-    assert set(bd) == {"parameters", "gradients", "optimizer_state", "activations", "other"}
+    # (leaked: what leaking groups held at the peak, additive; 0 here)
+    assert set(bd) == {"parameters", "gradients", "optimizer_state", "activations", "leaked", "other"}
+    assert bd["leaked"] == 0
     assert bd["parameters"] > 0 and bd["activations"] > 0 and bd["other"] >= 0
 
     flat = run_cli("layers", str(db), "--json")

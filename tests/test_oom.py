@@ -123,6 +123,14 @@ def test_caught_forward_oom_batch_size_finder(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM steps WHERE status = 'failed'").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM events WHERE kind = 'oom' AND step = 0").fetchone()[0] == 2
+    # every caught OOM: report --json's ooms (the first is oom, in full; the second summarised),
+    # memscope oom's "later" line
+    first, second = report["ooms"]
+    assert first == report["oom"] and (second["step"], second["phase"], second["module"]) == (0, "forward", "1")
+    assert second["requested_bytes"] == 2 ** 52 and set(second) == {
+        "step", "phase", "module", "requested_bytes", "live_bytes", "message"}
+    text = cli("oom", str(db)).stdout
+    assert "\nlater     step 0, forward, in module 1: requested 4096.00 TiB with " in text
 
 
 def test_caught_forward_oom_after_root_known(tmp_path: Path) -> None:

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 MIN_INCREMENTS = 3
 MIN_INVENTORIES = MIN_INCREMENTS + 1  # after warm-up, for any verdict
 MAX_RATE_RATIO = 4.0
-RESET_SHARE = 0.5
+PAUSE_OVER_GROWTH = 2.0  # a pause is longer than this times the growth before it (else: a gap)
+ACCELERATING = 2.0  # the second half's rate at least this times the first's: accelerating
+RESET_SHARE = 0.2  # a drop to within this share of the gain since the low resets; a smaller one is a drain
 SIG_COLUMNS = ("category", "dtype", "shape", "device", "requires_grad", "grad_fn")
 
 Sig = tuple[Any, ...]
@@ -57,6 +59,8 @@ class Growth:
     nodes_per_step: float = 0.0
     every: float = 1.0  # typical steps between the rises (30: it grows at evaluations only)
     saved_per_step: float = 0.0  # bytes of tensors the kept graphs still save (0 after backward)
+    rate_first: float = 0.0  # bytes per step over the first half of the growth (by steps)
+    rate_last: float = 0.0  # ... and over the second half
 
 
 @dataclass
@@ -79,6 +83,16 @@ class Leak:
     saved_bytes_per_step: int = 0  # of bytes_per_step: tensors its graphs still save for backward
     node_cost: NodeCost = ESTIMATE  # what each retained autograd node is counted at
     sig: tuple[Any, ...] = ()  # the group's SIG_COLUMNS values as stored (its rows, for plots)
+    rate_first: float = 0.0  # bytes per step in the first half of its growth
+    rate_last: float = 0.0  # ... in the second half (ACCELERATING times the first or more: it accelerates)
+    cause: str | None = None  # what makes it accelerate, when memscope saw it (hooks that keep coming)
+
+    @property
+    def accelerating(self) -> bool:
+        """It grows faster and faster: each step keeps more than the one before (a hook
+        registered every step that keeps a tensor at each call)."""
+        return self.rate_first > 0 and self.rate_last >= ACCELERATING * self.rate_first \
+            and self.last_step - self.first_step >= 8
 
     @property
     def kind(self) -> str:
@@ -89,14 +103,26 @@ class Leak:
         return "tensors"
 
     def as_json(self) -> dict[str, Any]:
+        dtype, layout = split_dtype(self.dtype)
         return {"bytes_per_step": self.bytes_per_step, "tensors_per_step": self.tensors_per_step,
-                "shape": self.shape, "dtype": self.dtype, "category": self.category,
+                "shape": self.shape, "dtype": dtype, "category": self.category, "layout": layout,
                 "held_by": self.held_by, "site": self.site, "module": self.module,
                 "first_step": self.first_step, "last_step": self.last_step,
                 # additive to memscope.report/1
                 "kind": self.kind, "graph_nodes_per_step": self.graph_nodes_per_step,
                 "created_at": self.created_at, "grows_every_steps": self.every,
-                "node_bytes": self.node_cost.bytes, "node_bytes_measured": self.node_cost.measured}
+                "node_bytes": self.node_cost.bytes, "node_bytes_measured": self.node_cost.measured,
+                "accelerating": self.accelerating, "bytes_per_step_now": int(round(self.rate_last)),
+                "cause": self.cause}
+
+
+def split_dtype(text: str | None) -> tuple[str | None, str]:
+    """A group's dtype text as (dtype, layout): ``"float32 sparse_coo"`` -> ("float32",
+    "sparse_coo"); a strided tensor's is ("float32", "strided")."""
+    if text is None or " " not in text:
+        return text, "strided"
+    dtype, layout = text.split(" ", 1)
+    return dtype, layout
 
 
 @dataclass
@@ -163,7 +189,7 @@ def growth(points: Sequence[tuple[int, ...]]) -> Growth | None:
     lows = _cycle_lows(pts)
     if len(lows) == 1:
         return _rising(pts)
-    return _rising_lows(pts, lows)
+    return _rising_lows(pts, lows) or _since_last_reset(pts, lows)
 
 
 def _cycle_lows(pts: list[Point]) -> list[int]:
@@ -195,38 +221,126 @@ def _rising(pts: list[Point]) -> Growth | None:
     # the growth now: back from the last rise while no pause separates two rises. A pause is two
     # or more inventories that saw no rise over more than twice the typical spacing of rises
     # (a warm-up that filled, then a leak that started later)
+    # A pause is also more than twice as long as the growth before it: a leak that keeps a
+    # tensor on some steps only (an exception raised now and then) has gaps of any length
+    # between its rises, and is measured from its first occurrence
     first = len(rises) - 1
     while first > 0 and not (rises[first] - rises[first - 1] > 2
-                             and pts[rises[first]][0] - pts[rises[first - 1]][0] > 2 * typical):
+                             and (gap := pts[rises[first]][0] - pts[rises[first - 1]][0]) > 2 * typical
+                             and gap > PAUSE_OVER_GROWTH * (pts[rises[first - 1]][0] - pts[rises[0] - 1][0])):
         first -= 1
     window = pts[rises[first] - 1:]
     if len(rises) - first < MIN_INCREMENTS:
         return None
     # stopped: two or more inventories since the last rise, over more steps than any spacing of
     # the rises in this growth (a warm-up cache full, a buffer at its bound)
+    # (falling at every inventory since is not stopped: a consumer's drains, one after another)
     tail = pts[-1][0] - pts[rises[-1]][0]
-    if len(pts) - 1 - rises[-1] >= 2 and tail > max(gaps[first:], default=1):
+    drained = all(q[1] < p[1] for p, q in zip(pts[rises[-1]:], pts[rises[-1] + 1:]))
+    if len(pts) - 1 - rises[-1] >= 2 and tail > max(gaps[first:], default=1) and not drained:
         return None
-    if not _steady(window):
+    if not _steady(window) or not _through_drains(window):
         return None
     g = _rate(window[0], window[-1])
+    if not _monotone(window):  # drained now and then: from its lowest to where it ends
+        end_step, end = _end(window)
+        span = max(end_step - window[0][0], 1)
+        g.bytes_per_step = (end - min(p[1] for p in window)) / span
+    g.rate_first, g.rate_last = (_halves(window) if _monotone(window) else _rise_rates(window)) \
+        or (g.bytes_per_step, g.bytes_per_step)
     # how often it grew, when inventories were denser than its rises (else: at every one seen)
     flat = len(window) - 1 - (len(rises) - first)
     g.every = float(statistics.median(gaps[first:])) if gaps[first:] and flat > len(window) // 2 else 1.0
     return g
 
 
-def _steady(window: list[Point]) -> bool:
-    """The growth rate of the window's second half (by steps) is within MAX_RATE_RATIO of the
-    first half's, and both are positive."""
+def _outgrown(window: list[Point]) -> bool:
+    """A growth with drops in it (a consumer that drains part of a queue now and then; a buffer
+    cleared while inventories fall anywhere in its cycle) has outgrown its range: everything its
+    last quarter (by steps) holds is above everything its first quarter held. A bounded buffer
+    never does; a monotone growth is not asked."""
+    if _monotone(window):
+        return True
+    a, z = window[0][0], window[-1][0]
+    first = [p[1] for p in window if p[0] <= a + (z - a) / 4]
+    last = [p[1] for p in window if p[0] >= z - (z - a) / 4]
+    return min(last) > max(first)
+
+
+def _monotone(window: list[Point]) -> bool:
+    return all(q[1] >= p[1] for p, q in zip(window, window[1:]))
+
+
+def _through_drains(window: list[Point]) -> bool:
+    """Outgrown its range (:func:`_outgrown`), or it had before its last drop, and has not
+    fallen since: a consumer's drain that leaves the queue below what it held a while ago does
+    not withdraw a leak that was one before it (the drain is no reset: it kept part of the
+    gain). Only the last drop is looked behind: a bounded queue drained now and then has not
+    outgrown its range before any of its drops."""
+    if _outgrown(window):
+        return True
+    j = max((i for i in range(1, len(window)) if window[i][1] < window[i - 1][1]), default=0)
+    before = window[:j]
+    if len(before) < MIN_INVENTORIES or not _monotone(window[j:]):
+        return False
+    rises = sum(1 for p, q in zip(before, before[1:]) if q[1] > p[1])
+    return rises >= MIN_INCREMENTS and _steady(before) and _outgrown(before)
+
+
+def _end(window: list[Point]) -> tuple[float, float]:
+    """(step, size) where a growth ends: its last point; with drops in it (a consumer's drains
+    now and then), the median of its last quarter's points (by steps), so a drain at the last
+    inventory does not decide its rate."""
+    if _monotone(window):
+        return float(window[-1][0]), float(window[-1][1])
+    a, z = window[0][0], window[-1][0]
+    last = [p for p in window if p[0] >= z - (z - a) / 4]
+    return float(statistics.median(p[0] for p in last)), float(statistics.median(p[1] for p in last))
+
+
+def _halves(window: list[Point]) -> tuple[float, float] | None:
+    """The growth rates (bytes per step) of the window's first and second half, by steps, from
+    its lower envelope (what stays: a drain's dip at the midpoint does not halve a rate) to its
+    end (:func:`_end`); None when there is no point between its ends."""
     a, z = window[0], window[-1]
     mid = (a[0] + z[0]) / 2
     m = max((p for p in window[1:-1] if p[0] <= mid), key=lambda p: p[0], default=window[1])
-    if not a[0] < m[0] < z[0]:
+    end_step, end = _end(window)
+    if not a[0] < m[0] < end_step:
+        return None
+    low_a = min(p[1] for p in window)
+    low_m = min(p[1] for p in window if p[0] >= m[0])
+    return (low_m - low_a) / (m[0] - a[0]), (end - low_m) / (end_step - m[0])
+
+
+def _steady(window: list[Point]) -> bool:
+    """The growth rate of the window's second half (by steps) is within MAX_RATE_RATIO of the
+    first half's, and both are positive."""
+    halves = _halves(window) if _monotone(window) else _rise_rates(window)
+    if halves is None:
+        a, z = window[0], window[-1]
         return len(window) >= 2 and z[1] > a[1]
-    r1 = (m[1] - a[1]) / (m[0] - a[0])
-    r2 = (z[1] - m[1]) / (z[0] - m[0])
+    r1, r2 = halves
     return r1 > 0 and r2 > 0 and max(r1, r2) <= MAX_RATE_RATIO * min(r1, r2)
+
+
+def _rise_rates(window: list[Point]) -> tuple[float, float] | None:
+    """With drops in it (drains): how fast it rises between them, in each half (by steps): the
+    median slope of its rises. A deep drain moves where the level is, not how fast it grows.
+    None unless the second half reached a new high: a bounded queue that jitters at its bound
+    (one item taken, one put) rises as often as it falls, and never above its bound."""
+    a, z = window[0][0], window[-1][0]
+    mid = (a + z) / 2
+    if max(p[1] for p in window if p[0] > mid) <= max(p[1] for p in window if p[0] <= mid):
+        return 0.0, 0.0
+    first: list[float] = []
+    second: list[float] = []
+    for p, q in zip(window, window[1:]):
+        if q[1] > p[1]:
+            (first if q[0] <= mid else second).append((q[1] - p[1]) / max(q[0] - p[0], 1))
+    if not first or not second:
+        return None
+    return float(statistics.median(first)), float(statistics.median(second))
 
 
 def _rising_lows(pts: list[Point], lows: list[int]) -> Growth | None:
@@ -239,6 +353,21 @@ def _rising_lows(pts: list[Point], lows: list[int]) -> Growth | None:
     if not (c[1] > b[1] and c[1] > max(p[1] for p in first)):
         return None
     return _rate(a, c)
+
+
+def _since_last_reset(pts: list[Point], lows: list[int]) -> Growth | None:
+    """Growth since the last reset that has outgrown every cycle before it: above everything
+    they held, and longer than twice the longest of them (a queue its consumer emptied once,
+    early, then fell behind for good; the consumer may have drained it while memscope's own work
+    paused the training). A buffer cleared at the end of each cycle never does."""
+    start = lows[-1]
+    tail = pts[start:]
+    if len(tail) < MIN_INVENTORIES or tail[-1][1] <= max(p[1] for p in pts[:start]):
+        return None
+    cycles = [pts[b][0] - pts[a][0] for a, b in zip(lows, lows[1:])]
+    if tail[-1][0] - tail[0][0] <= 2 * max(cycles):
+        return None
+    return _rising(tail)
 
 
 def _rate(a: Point, z: Point) -> Growth:
@@ -294,7 +423,8 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
                         created_at=h.get("created_at"), every=g.every,
                         saved_bytes_per_step=int(round(max(g.saved_per_step, 0))),
                         bytes_now=pts[-1][1], graph_nodes_per_step=round(max(g.nodes_per_step, 0), 3),
-                        node_cost=cost, sig=sig))
+                        node_cost=cost, rate_first=g.rate_first, rate_last=g.rate_last,
+                        sig=sig))
     out.sort(key=lambda lk: (-lk.bytes_per_step, lk.category, str(lk.shape)))
     return out
 
@@ -401,6 +531,20 @@ def fix_how(leak: Leak) -> str:
     where = f" in {leak.held_by}" if leak.held_by else ""
     if leak.site:
         where += f" (at {leak.site})"
+    held = leak.held_by or ""
+    if ".__traceback__" in held:
+        kept = held.split(".__traceback__", 1)[1]
+        return (f"keep the exception without its traceback (`e.with_traceback(None)`), or only "
+                f"str(e){where}: each kept exception's traceback keeps every frame it went through "
+                f"and their local variables alive ({kept.lstrip('.')}, with the autograd graph it carries)")
+    if "<lru_cache maxsize=None" in held:
+        return (f"bound the cache: @functools.lru_cache(maxsize=N) instead of maxsize=None{where}: it "
+                "keeps one result per distinct argument for the whole run (or call cache_clear() "
+                "when its entries are no longer needed)")
+    if held.endswith(".queue"):
+        return (f"bound the queue: queue.Queue(maxsize=N){where}, so that put() waits for its "
+                "consumer (back-pressure) instead of keeping every step's tensors; or drain it "
+                "faster (the consumer takes fewer items than the loop puts)")
     if leak.kind == "graph":
         name = _short(leak.held_by) if leak.held_by else "total_loss"
         return (f"accumulate Python numbers, not tensors: `{name} += loss.item()`{where}; adding "

@@ -24,6 +24,7 @@ ABSURD_REQUEST = 1024 ** 4  # more than any device has: a shape bug, not a tight
 FRAGMENTED_SHARE = 0.10  # inactive split bytes at least this share of reserved: fragmented
 OUTSIDE_SHARE = 0.10  # device memory outside PyTorch at least this share of the device: say so
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+MAX_LATER = 10  # later out-of-memory errors listed one a line by ``memscope oom``
 
 
 @dataclass
@@ -37,6 +38,7 @@ class OomReport:
     message: str
     data: dict[str, Any] = field(default_factory=dict)
     others: int = 0  # further OOM events after the first
+    later: list[dict[str, Any]] = field(default_factory=list)  # those, summarised (summary_json)
     proc: int | None = None  # the process that recorded it
     rank: int | None = None  # its distributed rank (None outside torchrun)
 
@@ -72,6 +74,13 @@ class OomReport:
         """The memory limit the failure ran into (memscope.analysis.oom_limits)."""
         return failed_limit(self.data) if self.kind == "oom" else None
 
+    @property
+    def evaluation(self) -> bool:
+        """An evaluation that ran with autograd on: the failing model was in eval mode and the
+        census found activations saved for backward (a backward that never comes)."""
+        return (self.kind == "oom" and self.phase == "forward" and self.data.get("training") is False
+                and self.breakdown_at_failure and (self.breakdown or {}).get("activations", 0) > 0)
+
     def to_json(self) -> dict[str, Any]:
         """The ``oom`` object of ``memscope.report/1`` (DESIGN.md section 4); ``limit``
         (``{"kind", "bytes", "used_bytes"}``) is additive."""
@@ -92,7 +101,8 @@ def post_mortem(reader: RunReader) -> OomReport | None:
                          module=d.get("module"), requested_bytes=_int(d.get("requested_bytes")),
                          live_bytes=_int(d.get("live_bytes")),
                          message=d.get("message") or ev["message"] or "out of memory",
-                         data=d, others=len(ooms) - 1, proc=ev["proc"], rank=_rank_of(reader, ev["proc"]))
+                         data=d, others=len(ooms) - 1, proc=ev["proc"], rank=_rank_of(reader, ev["proc"]),
+                         later=[summary_json(e) for e in ooms[1:]])
     killed = reader.events("killed")
     if killed:
         ev = killed[-1]
@@ -102,6 +112,24 @@ def post_mortem(reader: RunReader) -> OomReport | None:
                          message=ev["message"] or "killed by a signal", data=d,
                          proc=ev["proc"], rank=_rank_of(reader, ev["proc"]))
     return None
+
+
+def summary_json(ev: dict[str, Any]) -> dict[str, Any]:
+    """An out-of-memory error after the first, in a few facts (``report --json``'s ``ooms``)."""
+    d = ev["data"] if isinstance(ev.get("data"), dict) else {}
+    return {"step": _int(d.get("step", ev.get("step"))), "phase": d.get("phase") or "other",
+            "module": d.get("module"), "requested_bytes": _int(d.get("requested_bytes")),
+            "live_bytes": _int(d.get("live_bytes")),
+            "message": d.get("message") or ev.get("message") or "out of memory"}
+
+
+def later_line(o: dict[str, Any]) -> str:
+    where = f"step {o['step']}" if o.get("step") is not None else "outside any step"
+    where += f", {o.get('phase') or 'other'}"
+    if o.get("module") is not None:
+        where += f", in module {o['module'] or '(the model itself)'}"
+    return (f"{where}: requested {human_bytes(o.get('requested_bytes'))} with "
+            f"{human_bytes(o.get('live_bytes'))} live: {o.get('message')}")
 
 
 def demand(r: OomReport) -> dict[str, int] | None:
@@ -169,6 +197,8 @@ def advice(r: OomReport) -> list[str]:
                else "the CUDA context, library workspaces (cuBLAS, cuDNN, NCCL) or other processes")
         out.append(f"{human_bytes(outside)} of the device is outside PyTorch's allocator ({who}): "
                    "free the GPU of other jobs, or budget for it")
+    if r.evaluation:
+        out.append(evaluation_tip(r))
     bd = demand(r)
     scores = attention_tip(d, (r.breakdown or {}).get("activations", 0)) if r.breakdown_at_failure else None
     if scores:
@@ -233,7 +263,18 @@ def _fragmentation_tip(f: dict[str, Any]) -> str:
     return head + "; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the script starts"
 
 
+def evaluation_tip(r: OomReport) -> str:
+    """An evaluation with autograd on: what torch.no_grad() saves (the activations it saved for
+    a backward that never comes)."""
+    saved = (r.breakdown or {}).get("activations", 0)
+    return (f"an evaluation with autograd on (the model is in eval mode, yet its forward saved "
+            f"{human_bytes(saved)} of activations for a backward that never comes): run it under "
+            "`with torch.no_grad():` or `with torch.inference_mode():`, which saves all of them")
+
+
 def _activation_tips(amount: str, share: str, r: OomReport) -> list[str]:
+    if r.evaluation:  # checkpointing and accumulation are for training: evaluation_tip said it
+        return ["mixed precision (bf16 autocast) halves what its matmuls make"]
     where = ""
     live = (r.breakdown or {}).get("activations", 0)
     top = [m for m in r.activations_by_module[:1]
@@ -248,8 +289,28 @@ def _activation_tips(amount: str, share: str, r: OomReport) -> list[str]:
 
 
 def _optimizer_tips(amount: str, share: str, r: OomReport) -> list[str]:
-    return [f"optimizer state {amount} ({share}): a lighter optimizer (SGD with momentum, "
+    full = full_state(r.data.get("optimizer"))
+    whole = ""
+    if full is not None and full > (_int((r.data.get("optimizer") or {}).get("state_bytes")) or 0):
+        whole = (f"; {r.data['optimizer']['class']} builds {human_bytes(full)} of state in all "
+                 "(it was still building it)")
+    return [f"optimizer state {amount} ({share}{whole}): a lighter optimizer (SGD with momentum, "
             "Adafactor, 8-bit Adam), or shard / offload it (ZeRO, FSDP)"]
+
+
+# states per trainable parameter each optimizer builds (torch.optim): Adam's exp_avg and exp_avg_sq
+STATES_PER_PARAM = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "SparseAdam": 2,
+                    "Adadelta": 2, "Adagrad": 1, "RMSprop": 1}
+
+
+def full_state(opt: Any) -> int | None:
+    """The bytes of state the optimizer in the record builds once every parameter has it
+    (``STATES_PER_PARAM`` x its trainable parameters), None when not known."""
+    if not isinstance(opt, dict):
+        return None
+    per = STATES_PER_PARAM.get(str(opt.get("class")))
+    trainable = _int(opt.get("trainable_bytes"))
+    return per * trainable if per and trainable else None
 
 
 def _parameter_tips(amount: str, share: str, r: OomReport) -> list[str]:
@@ -280,7 +341,7 @@ _WORDED = {
     "largest_free_block_bytes", "alloc_retries", "ooms", "segments", "expandable_segments", "alloc_conf",
     "nvml_used_bytes", "nvml_total_bytes", "nvml_process_bytes", "outside_pytorch_bytes",
     "outside_this_process_bytes", "other_processes_bytes", "site", "stream", "time_us", "cuda_error",
-    "allocated_by_site", "limits", "vms",
+    "allocated_by_site", "limits", "vms", "training", "optimizer",
     "last_rss", "last_allocated", "last_sample_t", "likely_oom_killer", "signal", "signal_name",
 }
 
@@ -336,6 +397,16 @@ def facts(r: OomReport) -> list[Fact]:
                         + (f", {r.others} more out-of-memory error(s) later in the run" if r.others else "")))
     elif r.others:
         out.append(("", f"{r.others} more out-of-memory error(s) later in the run"))
+    if d.get("training") is False:
+        out.append(("", "the model was in eval mode (model.eval()) with autograd on"))
+    opt = d.get("optimizer")
+    if isinstance(opt, dict) and opt.get("class"):
+        out.append(("", f"in {opt['class']}.step(): {human_bytes(_int(opt.get('state_bytes')))} of optimizer "
+                        f"state built for {human_bytes(_int(opt.get('trainable_bytes')))} of trainable parameters"))
+    for i, o in enumerate(r.later[:MAX_LATER]):
+        out.append(("later" if i == 0 else "", later_line(o)))
+    if len(r.later) > MAX_LATER:
+        out.append(("", f"... and {len(r.later) - MAX_LATER} more (report --json: ooms)"))
     out.extend(_memory(r))
     out.extend(_allocator(d))
     out.extend(_breakdown(r))

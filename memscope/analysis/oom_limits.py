@@ -73,7 +73,15 @@ def limit_line(limit: dict[str, Any], requested: int | None) -> str:
         what = "virtual size" if kind == "RLIMIT_AS" else "reserved" if kind in (
             "simulate_gpu", "memory_fraction", "cuda_device") else "RSS"
         text += f" (the process's {what} {human_bytes(used)}"
-        text += f" + the request {human_bytes(requested)})" if requested else ")"
+        if not requested:
+            return text + ")"
+        total, bound = used + requested, _int(limit.get("bytes")) or 0
+        text += f" + the request {human_bytes(requested)} = {human_bytes(total)}"
+        if total > bound:
+            return text + f", over it by {human_bytes(total - bound)})"
+        # read after the failure: what the failing moment held was partly freed by then
+        return text + (f", {human_bytes(bound - total)} under it by these figures: the {what} was "
+                       "read after the failure, when part of what the failing step held was freed)")
     return text
 
 

@@ -5,11 +5,15 @@ Pure functions over rows from :class:`memscope.store.reader.RunReader`.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.analysis.oom import OomReport, post_mortem
-from memscope.analysis.leaks import MIN_INVENTORIES, Leak, LeakCheck, leak_check, leaks_of
+from memscope.analysis.hooks import HookGrowth, hook_growth
+from memscope.analysis.leaks import (MIN_INVENTORIES, Leak, LeakCheck, has_inventories, inventory_steps, leak_check,
+                                     leaks_of)
 from memscope.analysis.unexplained import UnexplainedGrowth, unexplained_growth
 from memscope.analysis.workers import WorkerGrowth, worker_growth
 from memscope.analysis.ranks import RankSummary, rank_summaries
@@ -76,6 +80,7 @@ class RunSummary:
     leaks: list[Leak] = field(default_factory=list)  # steadily growing tensor groups (main process)
     leak_check: LeakCheck = field(default_factory=lambda: LeakCheck(0, MIN_INVENTORIES))  # enough inventories?
     unexplained: UnexplainedGrowth | None = None  # memory growth no tensor group accounts for
+    hooks: list[HookGrowth] = field(default_factory=list)  # hooks registered again and again
     workers: WorkerGrowth | None = None  # DataLoader workers' copy-on-read growth
     oom: OomReport | None = None  # the out-of-memory post-mortem (or the killing signal)
     cut_short: str | None = None  # why the run was ended on purpose (--max-steps), if it was
@@ -89,6 +94,48 @@ class RunSummary:
     # attached to a running process (memscope attach --pid): when it started, when memscope came
     # and went; None for a run memscope launched
     attached: Attached | None = None
+
+
+def _leaked_at_peak(reader: RunReader, peak: Peak, leaks: list[Leak], proc: int) -> None:
+    """``peak.breakdown["leaked"]``: what the leaking groups held (tensors, what their graphs
+    saved, their nodes) at the inventory nearest the peak step, taken out of ``other``, where
+    they were (a profiled step's categories are its own parameters, state and saved
+    activations; kept tensors of older steps are none of them). 0 without leaks."""
+    bd = peak.breakdown
+    if bd is None:
+        return
+    held = 0
+    if leaks and peak.step is not None and has_inventories(reader):
+        near = reader.scalar("SELECT step FROM inventories WHERE proc = ? ORDER BY abs(step - ?), step LIMIT 1",
+                             (proc, peak.step))
+        rows = reader.query("SELECT * FROM inventory_groups WHERE proc = ? AND step = ?", (proc, near)) \
+            if near is not None else []
+        keys = {(lk.category, lk.dtype, json.dumps(lk.shape) if lk.shape is not None else None, lk.grad_fn)
+                for lk in leaks}
+        each = leaks[0].node_cost.bytes
+        for r in rows:
+            if (r["category"], r["dtype"], r["shape"], r["grad_fn"]) in keys:
+                held += int(r.get("bytes") or 0) + int(r.get("graph_bytes") or 0) \
+                    + int(r.get("graph_nodes") or 0) * each  # (files before schema 5 have no nodes)
+    other = int(bd.get("other") or 0)
+    leaked = min(held, other)
+    out = {k: v for k, v in bd.items() if k != "other"}
+    out["leaked"] = leaked
+    out["other"] = other - leaked
+    peak.breakdown = out
+
+
+def _causes(leaks: list[Leak], hooks: list[HookGrowth]) -> None:
+    """An accelerating leak beside hooks that keep coming: those hooks are the likely cause (each
+    one added runs, and keeps, at every call from then on)."""
+    if not hooks:
+        return
+    h = hooks[0]
+    at = f", registered at {h.site}" if h.site else ""
+    for lk in leaks:
+        if lk.accelerating:
+            lk.cause = (f"{h.what} grow by {h.per_step:g} a step ({h.count} now{at}), and each "
+                        "runs at every call from then on")
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -120,6 +167,11 @@ def summarize(reader: RunReader) -> RunSummary:
     if main is not None:
         _breakdown_at_failure(peak, oom, main["id"])
     leaks = leaks_of(reader, main["id"] if main else None)
+    hooks = hook_growth(reader, main["id"] if main else None,
+                        inventory_steps(reader, main["id"]) if main else [])
+    _causes(leaks, hooks)
+    if main is not None and peak.breakdown is not None:
+        _leaked_at_peak(reader, peak, leaks, peak.proc if peak.proc is not None else main["id"])
     ranks = rank_summaries(reader, stats)
     median = next((r.median_step_s for r in ranks if main and r.proc == main["id"]), None)
     return RunSummary(
@@ -147,6 +199,7 @@ def summarize(reader: RunReader) -> RunSummary:
         leaks=leaks,
         leak_check=leak_check(reader, main["id"] if main else None),
         unexplained=unexplained_growth(reader, main["id"] if main else None, leaks),
+        hooks=hooks,
         workers=worker_growth(reader),
         oom=oom,
         cut_short=next((e["message"] for e in reader.events("max_steps")), None),

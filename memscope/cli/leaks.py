@@ -8,7 +8,8 @@ import json
 import os
 from typing import Any
 
-from memscope.analysis.leak_patch import LinePatch, patch_source, split_site
+from memscope.analysis.hooks import HookGrowth
+from memscope.analysis.leak_patch import plan_fix, plan_hoist, split_site
 from memscope.analysis.leaks import GroupDiff, Leak, LeakCheck, describe, diff, fix_how, inventory_steps
 from memscope.analysis.summary import RunSummary, summarize
 from memscope.analysis.unexplained import UnexplainedGrowth
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         s = summarize(reader)
         if args.diff:
             run_row = reader.run() or {}
-            print(patches(s.leaks, run_row.get("cwd")), end="")
+            print(patches(s.leaks, run_row.get("cwd"), s.hooks), end="")
             return 0
         proc = s.main_proc
         steps = inventory_steps(reader, proc) if proc is not None else []
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                           "leaks": [_leak_json(lk) for lk in s.leaks],
                           "leak_check": s.leak_check.as_json(),
                           "unexplained_growth": s.unexplained.as_json() if s.unexplained else None,
-                          "dataloader_workers": s.workers.as_json() if s.workers else None},
+                          "dataloader_workers": s.workers.as_json() if s.workers else None,
+                          "hook_growth": [h.as_json() for h in s.hooks]},
                          indent=2))
     else:
         print(render(a, b, steps, changes, s))
@@ -123,11 +125,19 @@ def verdict_lines(s: RunSummary) -> list[str]:
     note = s.leak_check.coverage()
     if note:
         out.append(f"note: {shown_text(note)}")
+    out.extend(line for h in s.hooks for line in hook_lines(h))
     if s.unexplained is not None:
         out.extend(unexplained_lines(s.unexplained))
     if s.workers is not None:
         out.extend(worker_lines(s.workers))
     return out
+
+
+def hook_lines(h: HookGrowth) -> list[str]:
+    return [f"HOOKS {shown_text(h.what)}: +{h.per_step:g}/step ({h.count} now), "
+            f"steps {h.first_step}–{h.last_step}"
+            + (f" · registered at {shown(h.site)}" if h.site else ""),
+            f"      fix: {shown_text(h.how())}"]
 
 
 def none_line(check: LeakCheck) -> str:
@@ -144,12 +154,18 @@ def leak_lines(lk: Leak) -> list[str]:
     else:
         head = (f"LEAK  {shown_text(describe(lk))}: +{human_bytes(lk.bytes_per_step)}/step, "
                 f"{lk.tensors_per_step:g} tensors/step, steps {lk.first_step}–{lk.last_step}")
-    return [head,
-            f"      held by {shown(lk.held_by or 'unknown')}"
-            + (f" · stored at {shown(lk.site)}" if lk.site else "")
-            + (f" · made at {shown(lk.created_at)}" if lk.created_at and lk.created_at != lk.site else "")
-            + (f" · from the forward of {shown(lk.module) or '(model)'}" if lk.module is not None else ""),
-            f"      fix: {shown_text(fix_how(lk))}"]
+    if lk.accelerating:
+        head += (f", accelerating (+{human_bytes(lk.rate_first)}/step in the first half, "
+                 f"+{human_bytes(lk.rate_last)}/step in the second)")
+    out = [head,
+           f"      held by {shown(lk.held_by or 'unknown')}"
+           + (f" · stored at {shown(lk.site)}" if lk.site else "")
+           + (f" · made at {shown(lk.created_at)}" if lk.created_at and lk.created_at != lk.site else "")
+           + (f" · from the forward of {shown(lk.module) or '(model)'}" if lk.module is not None else "")]
+    if lk.cause:
+        out.append(f"      why it accelerates: {shown_text(lk.cause)}")
+    out.append(f"      fix: {shown_text(fix_how(lk))}")
+    return out
 
 
 def unexplained_lines(u: UnexplainedGrowth) -> list[str]:
@@ -167,15 +183,21 @@ def worker_lines(w: WorkerGrowth) -> list[str]:
             f"      fix: {shown_text(w.how())}"]
 
 
-def patches(leaks: list[Leak], cwd: str | None) -> str:
-    """Each leak's fix as a unified diff of the line that stored it, or why there is none (lines
-    starting with ``#``: ``patch`` skips them)."""
+def patches(leaks: list[Leak], cwd: str | None, hooks: list[HookGrowth] | None = None) -> str:
+    """Each leak's fix as a unified diff of the line that stored it (and each hook registered
+    again and again, registered once before its loop), or why there is none (lines starting
+    with ``#``: ``patch`` skips them)."""
     out: list[str] = []
-    for lk in leaks:
-        head = f"# LEAK {shown_text(describe(lk))}, held by {shown(lk.held_by or 'unknown')}"
-        where = split_site(lk.site) if lk.site else None
+    done: set[tuple[str, int]] = set()
+    items: list[tuple[str, str | None, Any]] = [
+        (f"# LEAK {shown_text(describe(lk))}, held by {shown(lk.held_by or 'unknown')}", lk.site, lk)
+        for lk in leaks]
+    items += [(f"# HOOKS {shown_text(h.what)}: +{h.per_step:g}/step", h.site, h) for h in hooks or []]
+    for head, site, what in items:
+        where = split_site(site) if site else None
         if where is None:
-            out += [head, "# no patch: the line that stored it is not known\n"]
+            known = "the line that registered them" if isinstance(what, HookGrowth) else "the line that stored it"
+            out += [head, f"# no patch: {known} is not known\n"]
             continue
         path, line = where
         full = path if os.path.isabs(path) or not cwd else os.path.join(cwd, path)
@@ -185,12 +207,16 @@ def patches(leaks: list[Leak], cwd: str | None) -> str:
         except (OSError, UnicodeDecodeError) as exc:
             out += [head, f"# no patch: cannot read {shown(full)} ({type(exc).__name__}): run this where the run ran\n"]
             continue
-        new, why = patch_source(source, line, lk)
-        if new is None:
+        plan, why = plan_hoist(source, line) if isinstance(what, HookGrowth) else plan_fix(source, line, what)
+        if plan is None:
             out += [head, f"# no patch: {shown_text(why)}\n"]
             continue
+        if (full, plan.line) in done:
+            out += [head, "# the patch above fixes it too (one line stored both)\n"]
+            continue
+        done.add((full, plan.line))
         rel = path if not os.path.isabs(path) else os.path.relpath(path, cwd or os.getcwd())
-        out += [head, f"# {shown_text(why)}", LinePatch(rel, line, source[line - 1], new, why).unified(source)]
+        out += [head, f"# {shown_text(why)}", plan.unified(rel, source)]
     if not out:
         return "# no leaks: nothing to patch\n"
     return "\n".join(x.rstrip("\n") for x in out) + "\n"

@@ -225,14 +225,18 @@ def _fix_leak(args: argparse.Namespace, workdir: str) -> int:
         lines.append(f"  {result.note}")
     for p in result.patched:
         lk = p.leak
-        what = f"leak {shown_text(lk.held_by or 'unknown')}: +{human_bytes(lk.bytes_per_step)}/step"
+        if lk is not None:
+            what = f"leak {shown_text(lk.held_by or 'unknown')}: +{human_bytes(lk.bytes_per_step)}/step"
+        else:
+            assert p.hook is not None
+            what = f"hooks: {shown_text(p.hook.what)}: +{p.hook.per_step:g}/step"
         if p.path is None:
             lines.append(f"  {what}: not patched: {shown_text(p.why)}")
             continue
-        after = "gone" if result.gone(lk) else "STILL THERE"
+        after = "gone" if result.gone(lk, p.hook) else "STILL THERE"
         lines.append(f"  {what}: {after} after patching {shown_text(p.path)}:{p.line}")
-        lines.append(f"    - {shown_text(p.old.strip())}")
-        lines.append(f"    + {shown_text(p.new.strip())}")
+        lines.extend(f"    - {shown_text(t.strip())}" for t in p.old.splitlines() if t.strip())
+        lines.extend(f"    + {shown_text(t.strip())}" for t in p.new.splitlines() if t.strip())
     if result.kept_before is not None and result.kept_after is not None:
         lines.append(f"  alive at the last inventory (tensors, what their graphs keep): "
                      f"{human_bytes(result.kept_before)} → {human_bytes(result.kept_after)} "
@@ -243,4 +247,4 @@ def _fix_leak(args: argparse.Namespace, workdir: str) -> int:
                      "prints the patch)")
     lines.append(f"  run files: {workdir}")
     print("\n".join(lines))
-    return 0 if result.trial is None or all(result.gone(p.leak) for p in result.patched if p.path) else 1
+    return 0 if result.trial is None or all(result.gone(p.leak, p.hook) for p in result.patched if p.path) else 1

@@ -92,7 +92,7 @@ def _facts(s: RunSummary) -> str:
 
 
 def _breakdown(s: RunSummary) -> str:
-    bd = s.peak.breakdown
+    bd = {k: v for k, v in (s.peak.breakdown or {}).items() if v or k != "leaked"}  # leaked: when any
     if not bd:
         return ""
     total = sum(v for v in bd.values() if v) or 1

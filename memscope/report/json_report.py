@@ -72,6 +72,11 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
         "leak_check": s.leak_check.as_json(),
         "unexplained_growth": s.unexplained.as_json() if s.unexplained else None,
         "dataloader_workers": s.workers.as_json() if s.workers else None,
+        # additive: hooks registered again and again (a module's, a parameter's, global ones)
+        "hook_growth": [h.as_json() for h in s.hooks],
+        # additive: every out-of-memory error the run caught, the first (``oom``) in full, the
+        # others summarised (a batch-size finder catches several)
+        "ooms": ([_oom(s)] + list(s.oom.later)) if s.oom is not None and s.oom.kind == "oom" else [],
     }
 
 

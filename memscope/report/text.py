@@ -83,7 +83,8 @@ def render_summary(s: RunSummary) -> str:
     if s.peak.breakdown:
         bd = s.peak.breakdown
         lines.append("breakdown " + " · ".join(f"{k.replace('_', ' ')} {human_bytes(v)}"
-                                               for k, v in bd.items()) + breakdown_source(s.peak))
+                                               for k, v in bd.items() if v or k != "leaked")
+                     + breakdown_source(s.peak))
     if s.oom is not None and s.oom.kind == "oom":
         where = ", ".join(shown(x) for x in (s.oom.phase, s.oom.module) if x)
         at = f"at step {s.oom.step}" if s.oom.step is not None else "outside any step"

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from memscope.analysis.leak_patch import patch_source, split_site
+from memscope.analysis.hooks import HookGrowth
+from memscope.analysis.leak_patch import Edit, Plan, plan_fix, plan_hoist, split_site
 from memscope.analysis.leaks import Leak
 from memscope.analysis.node_cost import node_cost
 from memscope.analysis.summary import summarize
@@ -24,12 +25,17 @@ MIN_STEPS = 12  # a leak is reported with its storing line by step 7
 
 @dataclass
 class Patched:
-    leak: Leak
+    leak: Leak | None  # a leak, or hooks registered again and again (``hook``)
     path: str | None = None  # the file patched (as in the site), None: not patched
     line: int = 0
     old: str = ""
     new: str = ""
     why: str = ""
+    hook: HookGrowth | None = None
+
+    @property
+    def site(self) -> str | None:
+        return self.leak.site if self.leak is not None else self.hook.site if self.hook else None
 
 
 @dataclass
@@ -39,14 +45,17 @@ class FixLeakTrial:
     trial: Measure | None
     patched: list[Patched] = field(default_factory=list)
     after: list[Leak] = field(default_factory=list)  # leaks of the patched run
+    after_hooks: list[HookGrowth] = field(default_factory=list)  # hooks growing in the patched run
     kept_before: int | None = None  # what the last inventory saw alive (tensors, graphs, nodes)
     kept_after: int | None = None
     copy: str | None = None  # the patched script
     note: str | None = None
 
-    def gone(self, lk: Leak) -> bool:
-        return not any(a.held_by == lk.held_by and a.shape == lk.shape and a.grad_fn == lk.grad_fn
-                       for a in self.after)
+    def gone(self, lk: Leak | None, hook: HookGrowth | None = None) -> bool:
+        if hook is not None:
+            return not any(h.module == hook.module and h.kind == hook.kind for h in self.after_hooks)
+        return lk is not None and not any(a.held_by == lk.held_by and a.shape == lk.shape
+                                          and a.grad_fn == lk.grad_fn for a in self.after)
 
     def as_json(self) -> dict[str, Any]:
         def saving(a: int | None, b: int | None) -> int | None:
@@ -56,7 +65,13 @@ class FixLeakTrial:
                 "patches": [{"held_by": p.leak.held_by, "site": p.leak.site, "bytes_per_step": p.leak.bytes_per_step,
                              "patched": p.path is not None, "old": p.old.rstrip("\n") or None,
                              "new": p.new or None, "why": p.why, "gone": self.gone(p.leak) if self.trial else None}
-                            for p in self.patched],
+                            for p in self.patched if p.leak is not None],
+                # additive: hooks registered again and again, registered once before their loop
+                "hook_patches": [{"module": p.hook.module, "kind": p.hook.kind, "site": p.hook.site,
+                                  "hooks_per_step": p.hook.per_step, "patched": p.path is not None,
+                                  "old": p.old.rstrip("\n") or None, "new": p.new or None, "why": p.why,
+                                  "gone": self.gone(None, p.hook) if self.trial else None}
+                                 for p in self.patched if p.hook is not None],
                 "kept_before": self.kept_before, "kept_after": self.kept_after,
                 "tensor_peak_before": self.baseline.tensor_peak,
                 "tensor_peak_after": self.trial.tensor_peak if self.trial else None,
@@ -77,43 +92,52 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         return None, base
     with RunReader(base.db) as reader:
         baseline = measure(reader)
-        leaks = summarize(reader).leaks
+        s = summarize(reader)
+        leaks, hooks = s.leaks, s.hooks
         kept = last_inventory_bytes(reader)
     result = FixLeakTrial(steps, baseline, None, kept_before=kept)
-    if not leaks:
+    if not leaks and not hooks:
         result.note = f"no leak found in {steps} steps: nothing to fix"
         return result, base
     shadow = os.path.join(workdir, "fix_leak")
     make_dir(shadow, group_readable)
     home = os.path.dirname(os.path.abspath(script))
-    copies: dict[str, list[str]] = {}  # absolute path of a file -> its lines, patched so far
-    for lk in leaks:
-        p = Patched(lk)
+    originals: dict[str, list[str]] = {}  # absolute path of a file -> its lines
+    copies: dict[str, list[Edit]] = {}  # absolute path of a file -> the edits of its copy
+    todo = [Patched(lk) for lk in leaks] + [Patched(None, hook=h) for h in hooks]
+    for p in todo:
         result.patched.append(p)
-        where = split_site(lk.site) if lk.site else None
+        where = split_site(p.site) if p.site else None
         if where is None:
-            p.why = "the line that stored it is not known"
+            p.why = "the line that " + ("stored it" if p.leak is not None else "registered them") + " is not known"
             continue
         path, line = where
         full = os.path.abspath(path)
         if os.path.dirname(full) != home:
             p.why = f"{path} is not beside the script: patch it by hand (memscope leaks --diff)"
             continue
-        lines = copies.get(full)
+        lines = originals.get(full)
         if lines is None:
             try:
                 with open(full, encoding="utf-8") as f:
-                    lines = f.readlines()
+                    lines = originals[full] = f.readlines()
             except (OSError, UnicodeDecodeError) as exc:
                 p.why = f"cannot read {path}: {type(exc).__name__}"
                 continue
-        new, why = patch_source(lines, line, lk)
+        plan, why = plan_fix(lines, line, p.leak) if p.leak is not None else plan_hoist(lines, line)
         p.why = why
-        if new is None:
+        if plan is None:
             continue
-        p.path, p.line, p.old, p.new = path, line, lines[line - 1], new
-        lines[line - 1] = new + "\n"
-        copies[full] = lines
+        edits = copies.setdefault(full, [])
+        taken = {(e.line, e.count) for e in edits}
+        if any((e.line, e.count) in taken for e in plan.edits):
+            if not all(e in edits for e in plan.edits):
+                p.why = "another leak's fix changes that line: patch it by hand (memscope leaks --diff)"
+                continue
+            p.why = "the same change as for the leak above (one line stored both): " + why
+        else:
+            edits.extend(plan.edits)
+        p.path, p.line, p.old, p.new = path, plan.line, plan.old_text(lines), plan.new_text()
     if not copies:
         result.note = "no storing line could be patched"
         return result, base
@@ -121,10 +145,10 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
     with open(script, "rb") as src, output(copy, "whatif:", named=False, group_readable=group_readable,
                                             binary=True) as f:
         f.write(src.read())
-    for full, lines in copies.items():
+    for full, edits in copies.items():
         with output(os.path.join(shadow, os.path.basename(full)), "whatif:", named=False,
                     group_readable=group_readable) as f:
-            f.writelines(lines)
+            f.writelines(Plan(edits, "").apply(originals[full]))
     result.copy = copy
     trial = run_recorded(copy, script_args, os.path.join(workdir, f"whatif-{stem}-fix_leak.db"), opts,
                          extra_path=home, group_readable=group_readable)
@@ -132,7 +156,8 @@ def try_fix_leak(script: str, script_args: Sequence[str], workdir: str, steps: i
         return None, trial
     with RunReader(trial.db) as reader:
         result.trial = measure(reader)
-        result.after = summarize(reader).leaks
+        after = summarize(reader)
+        result.after, result.after_hooks = after.leaks, after.hooks
         result.kept_after = last_inventory_bytes(reader)
     return result, trial
 

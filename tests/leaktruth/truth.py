@@ -5,10 +5,11 @@
 Runs SCRIPT as ``__main__`` (memscope is not imported) and, after optimizer steps STEP_A and
 STEP_B (counted from 0 by a global optimizer step post hook), walks every object the garbage
 collector tracks for tensors: per group (shape, dtype, grad_fn type) the tensors' count and
-storage bytes (each storage once), the autograd nodes their graphs keep (each node once) and
-the bytes of the tensors those nodes still save (unpacked through the public ``_saved_*``
-attributes). Writes {"a": STEP_A, "b": STEP_B, "groups": {"shape|dtype|grad_fn": [[count,
-bytes, nodes, saved_bytes] at A, [...] at B]}} to OUT.json.
+storage bytes (each storage once; a sparse tensor's indices and values), the autograd nodes
+their graphs keep (each node once) and the bytes of the tensors those nodes still save
+(unpacked through the public ``_saved_*`` attributes). Writes {"a": STEP_A, "b": STEP_B,
+"groups": {"shape|dtype|grad_fn": [[count, bytes, nodes, saved_bytes] at A, [...] at B]}} to
+OUT.json.
 
     python tests/leaktruth/truth.py --many JOBS.json
 
@@ -47,6 +48,23 @@ def _saved(node: object) -> list[torch.Tensor]:
     return out
 
 
+def storages(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(address, bytes) of the storages a tensor keeps: its own, or a sparse tensor's indices
+    and values (COO: indices, values; CSR/CSC/BSR/BSC: compressed and plain indices, values)."""
+    layout = t.layout
+    if layout == torch.strided:
+        parts = [t]
+    elif layout == torch.sparse_coo:
+        parts = [t._indices(), t._values()]
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    else:
+        return []
+    return [(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes()) for p in parts]
+
+
 def census() -> dict[str, list[int]]:
     seen_storage: set[int] = set()
     seen_node: set[int] = set()
@@ -55,15 +73,16 @@ def census() -> dict[str, list[int]]:
     tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
     params = {id(p) for o in tensors if isinstance(o, torch.nn.Parameter) for p in (o,)}
     for t in tensors:
-        ptr = t.untyped_storage().data_ptr()
-        if not ptr or ptr in seen_storage:
+        parts = [(p, n) for p, n in storages(t) if p and p not in seen_storage]
+        if not parts:
             continue
-        seen_storage.add(ptr)
+        ptr = parts[0][0]
+        seen_storage.update(p for p, _ in parts)
         fn = t.grad_fn
         key = f"{list(t.shape)}|{str(t.dtype).replace('torch.', '')}|{type(fn).__name__ if fn else None}"
         g = groups.setdefault(key, [0, 0, 0, 0])
         g[0] += 1
-        g[1] += t.untyped_storage().nbytes()
+        g[1] += sum(n for _, n in parts)
         todo = [fn] if fn is not None and id(t) not in params else []
         while todo:
             node = todo.pop()

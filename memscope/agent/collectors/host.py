@@ -56,6 +56,10 @@ class CollectorHost(Protocol):
         name in the outermost module holding it); None when unknown. Walks gc referrers: rare
         callers only."""
 
+    def models(self) -> list[Any]:
+        """The outermost modules seen on profiled steps that are still alive (strong references
+        only for the call's duration)."""
+
     def nvml_memory(self, index: int) -> dict[str, int | None] | None:
         """NVML's reading of CUDA device ``index`` now: ``used``, ``total`` (all processes) and
         ``process_used`` (this process, when NVML can tell); None without NVML."""

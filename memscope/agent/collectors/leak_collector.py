@@ -13,11 +13,14 @@ event; the training goes on.
 from __future__ import annotations
 
 import gc
+import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from memscope.agent.collectors.inventory import LiveTensors, Schedule, Suspects, take_inventory
 from memscope.agent.collectors.heap import malloc_in_use
 from memscope.agent.collectors.inventory.holders import clear_frame_snapshots
+from memscope.agent.collectors.inventory.hooks import HookWatch, count_hooks, named_modules
 from memscope.agent.collectors.leak_sites import SiteCapture
 
 if TYPE_CHECKING:
@@ -36,6 +39,9 @@ class LeakCollector:
         # the snapshots it left keep a stale tensor alive (emptied then)
         self._sites_cleanup = 0
         self._gc_said = False
+        self.hooks = HookWatch()
+        self._root_names: dict[int, tuple[Any, str]] = {}  # id(model) -> (weakref, its name)
+        self._hooks_enabled = True
 
     @property
     def enabled(self) -> bool:
@@ -61,24 +67,27 @@ class LeakCollector:
         sites = self.sites
         if self._sites_cleanup or not sites.idle:  # (most boundaries: neither)
             self._sites_boundary(step)
+        if self.hooks.armed:
+            self._hooks_boundary(step)
         self._inventory_step(step, step_s, level)
         if self.suspects.new_for_sites or not sites.idle:
             self._sites_start()
 
     def stop(self) -> None:
-        try:
-            self.sites.disarm(pending=True)
-        except Exception:
-            pass
+        for disarm in (lambda: self.sites.disarm(pending=True), self.hooks.disarm):
+            try:
+                disarm()
+            except Exception:
+                pass
         try:
             self.live.remove()
         except Exception:
             pass
 
     def after_fork(self) -> None:
-        for part in (self.sites, self.live):
+        for after in (self.sites.after_fork, self.live.after_fork, self.hooks.disarm):
             try:
-                part.after_fork()
+                after()
             except Exception:
                 pass
 
@@ -122,6 +131,61 @@ class LeakCollector:
                 "graph_nodes": g.graph_nodes})
         for sig, held_by in inv.holders.items():
             self._holder_row(step, sig, held_by=held_by)
+        if self._hooks_enabled:
+            c0 = time.thread_time()
+            self._hook_counts(step)
+            self.schedule.spent_s += max(time.thread_time() - c0, 0.0)  # paid from the same budget
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _hook_counts(self, step: int) -> None:
+        """The hooks of the models, written when they changed; the registering line of those
+        that keep coming is looked for."""
+        agent = self._agent
+        try:
+            modules = named_modules(agent.models(), self._root_name)
+            counts = count_hooks(modules)
+            if self.hooks.changed(counts):
+                agent.event("hooks", f"{sum(counts.values())} hooks", {"step": step, "counts": counts})
+            growing = self.hooks.growing(step, counts)
+            if growing:
+                why = self.hooks.arm(growing, modules)
+                if why:
+                    agent.event("hook_site", why, {"step": step, "keys": growing})
+            modules.clear()
+        except Exception as exc:
+            self._hooks_failed(exc)
+
+    def _root_name(self, root: Any) -> str:
+        """A model's name as its layer rows name it (``1`` for ``model[1]`` called on its own),
+        found once per model (it walks gc referrers)."""
+        known = self._root_names.get(id(root))
+        if known is not None and known[0]() is root:
+            return known[1]
+        agent = self._agent
+        name = agent.module_name(root)
+        name = name if name is not None else agent.module_prefix(root)
+        try:
+            self._root_names[id(root)] = (weakref.ref(root), name)
+        except TypeError:
+            pass
+        return name
+
+    def _hooks_boundary(self, step: int) -> None:
+        try:
+            for key, line in self.hooks.boundary().items():
+                self._agent.event("hook_site", f"{key} registered at {line}",
+                                  {"step": step, "key": key, "site": line})
+        except Exception as exc:
+            self._hooks_failed(exc)
+
+    def _hooks_failed(self, exc: BaseException) -> None:
+        self._hooks_enabled = False
+        try:
+            self.hooks.disarm()
+        except Exception:
+            pass
+        self._agent.event("collector_disabled", f"hooks: {type(exc).__name__}: {exc}")
 
     def _gc_state(self) -> None:
         """Once: a script that disabled or froze the garbage collector makes every inventory

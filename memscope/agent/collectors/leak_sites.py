@@ -44,6 +44,7 @@ itself. (With a debugger or coverage tracer owning that thread's tracing, the in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -61,8 +62,8 @@ from memscope.agent.torchcompat.compiled import CompileWatch, compile_used, is_c
 from memscope.agent.torchcompat.module_names import module_path
 from memscope.agent.torchcompat.unseen import unseen
 from memscope.agent.torchcompat.handles import remove_quietly
-from memscope.agent.torchcompat.storages import storage_address
-from memscope.agent.collectors.inventory.holders import clear_frame_snapshots
+from memscope.agent.torchcompat.storages import dtype_text, storage_address
+from memscope.agent.collectors.inventory.holders import _frame_locals, clear_frame_snapshots
 
 Signature = tuple[str, str, str, str, int, str | None]  # as in inventory.py
 
@@ -107,7 +108,7 @@ def _where(filename: str, line: int) -> str:
 
 
 class _Candidate:
-    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line")
+    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line", "holder", "caught_in")
 
     def __init__(self, sig: Signature, ref: Any, created: str, module: Any) -> None:
         self.sig = sig
@@ -117,6 +118,11 @@ class _Candidate:
         self.module = module  # weakref to the module whose forward produced its storage, or None
         self.baseline: int | None = None
         self.last_line: int | None = None
+        # a local of a frame an exception's traceback keeps (it left that frame by a raise): the
+        # line that stores the exception stores it (no reference to the exception is kept:
+        # built-in exceptions take no weak reference, and a strong one would keep the frames)
+        self.holder = False
+        self.caught_in = 0  # id of the last frame that exception went through: where it is caught
 
 
 class _Mode(TorchFunctionMode):
@@ -340,7 +346,7 @@ class SiteCapture:
         if not isinstance(out, torch.Tensor) or tuple(out.shape) not in self._shapes:
             return
         fn = out.grad_fn
-        key = (tuple(out.shape), str(out.dtype).replace("torch.", ""), str(out.device),
+        key = (tuple(out.shape), dtype_text(out), str(out.device),
                bool(out.requires_grad), type(fn).__name__ if fn is not None else None)
         sig = self._armed.get(key)
         if sig is None or (self._per_sig[sig] >= MAX_CANDIDATES and not self._room(sig)):
@@ -350,8 +356,8 @@ class SiteCapture:
             return
         self._per_sig[sig] += 1
         module = None
-        ptr = storage_address(out.untyped_storage())
-        produced = self._outputs.get(ptr)
+        ptr = storage_address(out.untyped_storage()) if out.layout is torch.strided else 0
+        produced = self._outputs.get(ptr) if ptr else None
         if produced is not None:
             o = produced[0]()
             if o is not None and storage_address(o.untyped_storage()) == ptr:
@@ -445,26 +451,30 @@ def _held_in_containers(tensors: list[Any]) -> set[int]:
     return out
 
 
-def _in_container(t: Any, frame: Any) -> bool:
+def _in_container(t: Any, frame: Any, match: Any = None) -> bool:
     """Whether a container the frame can name just took ``t``: the tail of a list or deque, the
     last value of a dict, a set, among the frame's local variables and their attributes and its
     module's globals (``history.append(t)``, ``self.cache[k] = t``). Cheap (no gc scan): it runs on every rise
-    of a candidate's reference count, and autograd saving a tensor is such a rise too."""
+    of a candidate's reference count, and autograd saving a tensor is such a rise too.
+    ``match``: what counts as ``t`` there (default: ``t`` itself)."""
+    if match is None:
+        def match(x: Any) -> bool:
+            return x is t
     try:
         values = list(frame.f_locals.values())
         module_vars = [] if frame.f_locals is frame.f_globals else list(frame.f_globals.values())
     except Exception:
         return False
     try:
-        if any(_holds(v, t) for v in module_vars):  # a module-level list, from a function
+        if any(_holds(v, match) for v in module_vars):  # a module-level list, from a function
             return True
         for v in values:
-            if _holds(v, t):
+            if _holds(v, match):
                 return True
             if type(v) not in _CONTAINERS and not isinstance(v, (type, torch.Tensor)):
                 d = getattr(v, "__dict__", None)
                 if type(d) is dict and d is not frame.f_globals:
-                    if any(_holds(a, t) for a in list(d.values())[:64]):
+                    if any(_holds(a, match) for a in list(d.values())[:64]):
                         return True
         return False
     finally:
@@ -472,14 +482,58 @@ def _in_container(t: Any, frame: Any) -> bool:
         module_vars.clear()
 
 
-def _holds(c: Any, t: Any) -> bool:
+def _holds(c: Any, match: Any) -> bool:
     tc = type(c)
     if tc is list or tc is deque:
-        return any(x is t for x in list(c)[-4:]) if c else False
+        return any(match(x) for x in list(c)[-4:]) if c else False
     if tc is dict:
-        return bool(c) and next(reversed(c.values())) is t
+        return bool(c) and match(next(reversed(c.values())))
     if tc is set:
-        return any(x is t for x in c) if len(c) < 1024 else False
+        return any(match(x) for x in c) if len(c) < 1024 else False
+    return False
+
+
+def _keeps(t: Any, traced: Any) -> Any:
+    """A match for an exception whose traceback keeps ``t``: a local of one of its frames that
+    has returned (a frame still running, the training loop's, holds this step's variables, not
+    what the exception keeps), or of such a frame of the exception it chains to. Running frames
+    are not read (the ``traced`` one's snapshot is written back into its locals after the call)."""
+    running = set()
+    f = traced
+    while f is not None:
+        running.add(id(f))
+        f = f.f_back
+
+    def match(x: Any) -> bool:
+        if not isinstance(x, BaseException):
+            return False
+        for exc in (x, x.__context__, x.__cause__):
+            tb = getattr(exc, "__traceback__", None)
+            depth = 0
+            while tb is not None and depth < 32:
+                if id(tb.tb_frame) not in running and any(v is t for _, v in _frame_locals(tb.tb_frame)):
+                    return True
+                tb, depth = tb.tb_next, depth + 1
+        return False
+    return match
+
+
+_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
+
+
+def _is_cached(frame: Any) -> bool:
+    """Whether ``frame`` runs a function that a ``functools.lru_cache`` (or ``functools.cache``)
+    wraps: a module global or an attribute of ``self``'s class named as the function."""
+    code = frame.f_code
+    name = code.co_name
+    places = [frame.f_globals]
+    owner = frame.f_locals.get("self") if code.co_argcount else None
+    if owner is not None:
+        places.extend(vars(k) for k in type(owner).__mro__)
+    for place in places:
+        w = place.get(name)
+        if type(w) is _LRU_WRAPPER and getattr(getattr(w, "__wrapped__", None), "__code__", None) is code:
+            return True
     return False
 
 
@@ -550,6 +604,10 @@ class _LineTracer:
         if not self.owner._tracing:
             return None
         try:
+            if event == "exception":
+                if type(arg) is tuple and len(arg) > 2:
+                    self._raised(frame, arg[2])  # (the traceback is not on the exception yet)
+                return self
             if event in ("line", "return"):
                 line = frame.f_lineno
                 for c in self.cands:
@@ -557,6 +615,16 @@ class _LineTracer:
                         continue
                     t = c.ref()
                     if t is None:
+                        continue
+                    if c.holder:
+                        # kept by an exception: the except clause's own references come and go on
+                        # the storing line (``as e`` is deleted at its end): look for an exception
+                        # whose traceback keeps it in a container, in the frame that caught it
+                        if c.last_line is not None and id(frame) == c.caught_in \
+                                and _in_container(t, frame, _keeps(t, frame)):
+                            c.stored = _where(frame.f_code.co_filename, c.last_line)
+                        del t
+                        c.last_line = line
                         continue
                     rc = sys.getrefcount(t)
                     if c.baseline is None:
@@ -569,10 +637,52 @@ class _LineTracer:
                     del t
                     c.last_line = line
             if event == "return":
+                if arg is not None:
+                    self._cached(frame, arg)
                 self._follow(frame.f_back)
+                frame.f_trace = None  # a frame a traceback keeps does not keep this tracer
         except Exception:
             return None
         return self
+
+    def _raised(self, frame: Any, tb: Any) -> None:
+        """An exception passes through the frame: a candidate that is a local variable of one of
+        the frames its traceback keeps stays alive as long as the exception does; the line that
+        stores the exception (``errors.append(e)``) is then the one that keeps the candidate."""
+        for c in self.cands:
+            if c.holder and c.stored is None:
+                c.caught_in = id(frame)  # the exception got this far (the last one catches it)
+        cands = [c for c in self.cands if c.stored is None and not c.holder and c.ref() is not None]
+        if not cands:
+            return
+        depth = 0
+        while tb is not None and cands and depth < 32:
+            f = tb.tb_frame
+            # the traced frame's snapshot is written back into its locals when this trace call
+            # returns: read, never emptied (emptied, it would delete the frame's variables)
+            values = {id(v) for v in (list(f.f_locals.values()) if f is frame else
+                                      [v for _, v in _frame_locals(f)])}
+            for c in [c for c in cands if id(c.ref()) in values]:
+                c.holder = True
+                c.caught_in = id(frame)
+                c.baseline = None
+                cands.remove(c)
+            tb = tb.tb_next
+            depth += 1
+
+    def _cached(self, frame: Any, value: Any) -> None:
+        """The frame returns a candidate from a ``functools.lru_cache``-wrapped function: the
+        cache keeps it, and the line that called the cached function is its store."""
+        returned = value if type(value) in (tuple, list) else (value,)
+        hits = [c for c in self.cands if c.stored is None and any(c.ref() is v for v in returned[:8])]
+        if not hits or not _is_cached(frame):
+            return
+        caller = _user_frame(frame.f_back)
+        if caller is None:
+            return
+        where = _where(caller.f_code.co_filename, caller.f_lineno)
+        for c in hits:
+            c.stored = where
 
     def _follow(self, caller: Any) -> None:
         """The creating frame returns (a model's ``forward`` that made the loss) with candidates

@@ -145,6 +145,35 @@ def _in_optimizer(tb: Any) -> bool:
     return False
 
 
+def optimizer_of(tb: Any) -> dict[str, Any] | None:
+    """The optimizer whose step() the traceback went through: its class, the bytes of its
+    trainable parameters and of the state it had built when the step failed (Adam builds its
+    state at its first step: a step 0 that ran out of memory had built part of it)."""
+    import torch
+
+    while tb is not None:
+        frame = tb.tb_frame
+        if "self" in frame.f_code.co_varnames:
+            try:
+                opt = frame.f_locals.get("self")
+            except Exception:
+                opt = None
+            if isinstance(opt, torch.optim.Optimizer):
+                params = [p for g in opt.param_groups for p in g.get("params", [])
+                          if isinstance(p, torch.Tensor) and p.requires_grad]
+                state = [v for st in list(opt.state.values()) if isinstance(st, dict)
+                         for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+                out = {"class": type(opt).__name__,
+                       "trainable_bytes": sum(p.numel() * p.element_size() for p in params),
+                       "state_bytes": sum(v.numel() * v.element_size() for v in state)}
+                params.clear()
+                state.clear()
+                return out
+            del opt
+        tb = tb.tb_next
+    return None
+
+
 def _names(modules: list[Any], prefix: str) -> list[str | None]:
     """Dotted names of ``modules`` (outermost first) in the first one's ``named_modules()``."""
     if not modules:
@@ -363,6 +392,8 @@ class OomRecorder:
         prefix = agent.module_prefix(mods[0]) if mods else ""
         names = _names(mods, prefix)
         types = [type(m).__name__ for m in mods]
+        # the model in eval mode while autograd saved activations: an evaluation without no_grad
+        training = bool(getattr(mods[0], "training", True)) if mods else None
         if mods:
             self.armed.see_roots([mods[0]])
         del mods
@@ -387,7 +418,7 @@ class OomRecorder:
             "step": step, "phase": phase, "where": where,
             "module": names[-1] if names else None,
             "module_type": types[-1] if types else None,
-            "module_stack": names, "exception": type(exc).__name__, "message": message,
+            "module_stack": names, "training": training, "exception": type(exc).__name__, "message": message,
             "requested_bytes": requested, "requested_exact": exact,
             "device": "cpu", "live_bytes": None, "rss": None,
             "reserved_bytes": None, "device_free_bytes": None, "device_total_bytes": None,
@@ -401,6 +432,8 @@ class OomRecorder:
         except Exception:
             pass
         data["limits"] = _limits_now(self._limits, agent)
+        if phase == "optimizer":
+            data["optimizer"] = optimizer_of(tb)
         if cuda:
             data.update(_cuda_state(agent, message, observed))
         else:

@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from memscope.agent.collectors.inventory.graph import saved_attr_names
 from memscope.agent.torchcompat.optimizer_state import optimizer_state_tensors
 from memscope.agent.torchcompat.unseen import unseen
-from memscope.agent.torchcompat.storages import storage_address
+from memscope.agent.torchcompat.storages import storage_address, storage_parts
 
 MAX_SECONDS = 3.0  # wall time for the whole census (typically tens of milliseconds)
 MAX_NODES = 400_000  # autograd graph nodes walked
@@ -132,6 +132,7 @@ class _Counter:
         self.bytes = {"parameters": 0, "gradients": 0, "optimizer_state": 0, "activations": 0, "other": 0}
         self.tensors = 0
         self.tensor_type = torch.Tensor
+        self.strided = torch.strided
         self.attention_scores = 0  # saved N x N score tensors (softmax, dropout, scores @ v)
 
     def key(self, t: Any) -> tuple[int, int] | None:
@@ -142,12 +143,15 @@ class _Counter:
                     return None
             elif t.device.type != "cpu":
                 return None
+            if t.layout is not self.strided:  # sparse: its index and value storages, as one
+                parts = storage_parts(t)
+                return (parts[0][0], sum(n for _, n in parts)) if parts else None
             s = t.untyped_storage()
             ptr = storage_address(s)
             if ptr == 0:
                 return None
             return ptr, int(s.nbytes())
-        except Exception:  # sparse, fake, wrapper subclasses, freed storages
+        except Exception:  # fake, wrapper subclasses, freed storages
             return None
 
     def claim(self, ptr: int, nbytes: int, category: str) -> None:

@@ -5,7 +5,6 @@ measures on every step (the ``tensor_peak`` option), and a plain run on one step
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 from typing import Any, Callable
 
@@ -101,17 +100,21 @@ class TensorPeak:
             self.total = self.peak = self.uncounted = 0
             self._grads, self.grads_live, self.grads_at_peak = set(), 0, 0
         found = tensors() if tensors is not None else None
-        with warnings.catch_warnings():  # isinstance on a deprecated module attribute warns
-            warnings.simplefilter("ignore")  # (torch.distributed.reduce_op): not into the script's output
-            try:
-                for obj in found if found is not None else gc.get_objects():
-                    if isinstance(obj, torch.Tensor):
-                        self.add(obj)
-                        if isinstance(obj, torch.nn.Parameter) and obj.grad is not None:
-                            self._add_grad(obj.grad)
-            finally:
-                if found is not None:
-                    found.clear()  # strong references to the program's tensors
+        # type(), never isinstance: isinstance asks __class__, and a deprecated module attribute
+        # (torch.distributed.reduce_op) warns when asked. Not warnings.catch_warnings(): leaving
+        # it resets every module's once-per-location warning registry, so a warning the script
+        # had already shown printed again (twice under attach)
+        tensor, parameter = torch.Tensor, torch.nn.Parameter
+        try:
+            for obj in found if found is not None else gc.get_objects():
+                kind = type(obj)
+                if kind is tensor or issubclass(kind, tensor):
+                    self.add(obj)
+                    if issubclass(kind, parameter) and obj.grad is not None:
+                        self._add_grad(obj.grad)
+        finally:
+            if found is not None:
+                found.clear()  # strong references to the program's tensors
         self.start = self.total
         self.grads_at_peak = self.grads_live
         self.active = True

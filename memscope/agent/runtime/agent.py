@@ -337,6 +337,10 @@ class Agent:
                 self.event("attention_kernels", f"step {step}: scaled_dot_product_attention ran its "
                            f"{', '.join(used)} kernel in {len(kernels)} module(s)",
                            {"step": step, "modules": kernels})
+            opts = [type(o).__name__ for o in list(self._tracker.optimizers)]
+            if len(opts) > 1:  # several optimizers (a GAN's): forwards per step are not micro-batches
+                self.event("optimizers", f"step {step}: {len(opts)} optimizers stepped ({', '.join(sorted(opts))})",
+                           {"step": step, "optimizers": sorted(opts)})
             closure, micro = self._layers.closure_forwards, self._layers.micro_batches
             if closure >= 2:  # one is a wrapper's (Lightning runs training_step in a closure)
                 self.event("closure", f"step {step}: {closure} of its {micro} forwards ran inside "
@@ -408,6 +412,9 @@ class Agent:
 
     def module_name(self, module: Any) -> str | None:
         return self._layers.module_name(module)
+
+    def models(self) -> list[Any]:
+        return self._layers.roots()
 
     # -- sampling ------------------------------------------------------------------------------
 

@@ -48,3 +48,32 @@ def storage_address(s: Any) -> int:
     if s.device.type == "meta":
         return 0
     return int(s.data_ptr())
+
+
+def storage_parts(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(address, bytes) of each storage holding ``t``'s memory: one for a strided tensor, a
+    sparse tensor's index and value storages; [] for a meta tensor or one without memory.
+    Raises as :func:`storages` does."""
+    out = []
+    for st, n in storages(t):
+        ptr = storage_address(st)
+        if ptr:
+            out.append((ptr, n))
+    return out
+
+
+def dtype_text(t: torch.Tensor) -> str:
+    """``float32``; for a tensor of another layout than strided, with it: ``float32 sparse_coo``
+    (an inventory's group of sparse tensors is not its dense twin's)."""
+    text = str(t.dtype).replace("torch.", "")
+    layout = t.layout
+    return text if layout is torch.strided else f"{text} {str(layout).replace('torch.', '')}"
+
+
+def extent_bytes(t: torch.Tensor) -> int:
+    """The bytes a strided tensor spans in its storage (a view's own elements, strides
+    included), which is less than the storage's for a slice of a bigger tensor."""
+    if t.numel() == 0:
+        return 0
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    return span * t.element_size()

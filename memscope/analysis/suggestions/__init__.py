@@ -30,6 +30,7 @@ from memscope.analysis.suggestions.fit_plan import fit_plan
 from memscope.analysis.suggestions.gradient_accumulation import gradient_accumulation
 from memscope.analysis.suggestions.lighter_optimizer import lighter_optimizer
 from memscope.analysis.suggestions.mixed_precision import mixed_precision
+from memscope.analysis.suggestions.no_grad import no_grad
 from memscope.analysis.suggestions.optimizer_offload import optimizer_offload
 from memscope.analysis.suggestions.quantization import quantization
 from memscope.analysis.suggestions.sharding import sharding
@@ -43,7 +44,7 @@ __all__ = ["CheckpointPlan", "Facts", "RULES", "Suggestion", "checkpoint_plan", 
            "suggest", "suggest_for"]
 
 RULES: list[Callable[[Facts], list[Suggestion]]] = [
-    single_precision, mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
+    no_grad, single_precision, mixed_precision, activation_checkpointing, gradient_accumulation, efficient_attention,
     lighter_optimizer, optimizer_offload, sharding, quantization, allocator_config, fit_plan,
 ]
 

@@ -64,7 +64,7 @@ class CheckpointPlan:
 def activation_checkpointing(f: Facts) -> list[Suggestion]:
     """Keep only the input of each checkpointed segment; during backward one segment at a time
     is recomputed, so its activations come back as the recompute working set."""
-    if f.share(f.activations) < ACTIVATION_SHARE:
+    if f.share(f.activations) < ACTIVATION_SHARE or f.evaluation:  # an evaluation: no_grad
         return []
     plan = checkpoint_plan(f)
     if plan is None:

@@ -71,6 +71,13 @@ class Facts:
     # module -> {kernel: calls}: the scaled_dot_product_attention kernels (math, flash, efficient,
     # cudnn) its own forward ran in the profiled step (the agent's ``attention_kernels`` event)
     attention_kernels: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the run failed in an evaluation with autograd on (the model in eval mode, activations saved)
+    evaluation: bool = False
+    evaluation_saved: int = 0  # ... the activations it had saved for backward then (the census's)
+    # the optimizer whose step ran out of memory (class, trainable and state bytes), else None
+    failed_optimizer: dict[str, Any] | None = None
+    # class names of the optimizers that stepped in the profiled step, when more than one (a GAN)
+    optimizers: list[str] = field(default_factory=list)
 
     @property
     def layer_source(self) -> str:
@@ -167,7 +174,28 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
                  attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
-                 attention_kernels=_attention_kernels(reader, proc, s.hotspot_step))
+                 attention_kernels=_attention_kernels(reader, proc, s.hotspot_step),
+                 evaluation=bool(at_failure and s.oom is not None and s.oom.evaluation),
+                 evaluation_saved=int((s.oom.breakdown or {}).get("activations", 0))
+                 if at_failure and s.oom is not None and s.oom.evaluation else 0,
+                 failed_optimizer=_failed_optimizer(s),
+                 optimizers=_optimizers(reader, proc, s.hotspot_step))
+
+
+def _failed_optimizer(s: RunSummary) -> dict[str, Any] | None:
+    opt = s.oom.data.get("optimizer") if s.oom is not None and s.oom.kind == "oom" else None
+    return opt if isinstance(opt, dict) and opt.get("class") else None
+
+
+def _optimizers(reader: RunReader, proc: int, step: int | None) -> list[str]:
+    """The optimizers that stepped, from the agent's ``optimizers`` event of the profiled step
+    (written when there are several)."""
+    for e in reader.events("optimizers"):
+        d = e["data"]
+        if e["proc"] in (None, proc) and isinstance(d, dict) and d.get("step") == step \
+                and isinstance(d.get("optimizers"), list):
+            return [str(x) for x in d["optimizers"]]
+    return []
 
 
 def _cuda_tensor_peak(reader: RunReader, s: RunSummary, proc: int, bd: dict[str, int]) -> int | None:

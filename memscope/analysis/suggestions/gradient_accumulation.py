@@ -34,7 +34,7 @@ def batch_scaled(f: Facts) -> tuple[int, int]:
 
 def gradient_accumulation(f: Facts) -> list[Suggestion]:
     """What scales with the micro-batch: dividing it by k divides that by k."""
-    if f.share(f.activations) < ACTIVATION_SHARE:
+    if f.share(f.activations) < ACTIVATION_SHARE or f.evaluation:  # an evaluation: no_grad
         return []
     k = ACCUMULATION
     scaled, grads = batch_scaled(f)
@@ -42,7 +42,13 @@ def gradient_accumulation(f: Facts) -> list[Suggestion]:
     if saving <= 0:
         return []
     n = max(1, (f.micro_batches or 1) - f.closure_forwards)  # the script's own micro-batches
-    if f.closure_forwards:  # LBFGS-style: the optimizer re-evaluates the whole loss in a closure
+    if len(f.optimizers) > 1:  # a GAN's discriminator and generator: forwards feed different optimizers
+        how = (f"the step runs {len(f.optimizers)} optimizers ({', '.join(f.optimizers)}), each "
+               f"after its own forwards and backwards: divide the batch size by {k}, run each "
+               f"model's forward and backward on {k} smaller batches (each loss divided by {k}) before "
+               "its optimizer steps once: each optimizer sees the same effective batch and the same "
+               "gradients (up to BatchNorm statistics), at the cost of smaller, slower matmuls")
+    elif f.closure_forwards:  # LBFGS-style: the optimizer re-evaluates the whole loss in a closure
         how = (f"the optimizer evaluates a closure ({f.closure_forwards} forwards in the step, each "
                f"of the whole batch): inside the closure, run the batch in {k} parts and call "
                f"`(loss_fn(model(part), target_part) / {k}).backward()` on each, returning the "

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
+from memscope.analysis.oom import full_state
 from memscope.analysis.suggestions.facts import MIN_SHARE, OPTIMIZER_SHARE, Facts, Suggestion, _b
 
 ADAM_RATIO = 1.5  # optimizer state / trainable parameter bytes above this: two states per parameter
 
 
 def lighter_optimizer(f: Facts) -> list[Suggestion]:
-    """Two states per parameter (Adam, AdamW) -> one (SGD with momentum): saves one copy."""
+    """Two states per parameter (Adam, AdamW) -> one (SGD with momentum): saves one copy. When
+    the run ran out of memory while the optimizer built its state (Adam at its first step), the
+    whole state it builds is the measure, not the part built when it failed."""
     trainable = f.trainable_bytes
-    if not trainable or f.share(f.optimizer_state) < OPTIMIZER_SHARE:
+    state, building = f.optimizer_state, ""
+    opt = f.failed_optimizer
+    full = full_state(opt)
+    if opt is not None and full is not None and full > (int(opt.get("state_bytes") or 0)):
+        trainable = int(opt.get("trainable_bytes") or 0) or trainable
+        state = max(state, full)
+        building = (f" ({opt['class']} builds {_b(full)} of state, 2 per trainable parameter: it had "
+                    f"built {_b(int(opt.get('state_bytes') or 0))} when its step ran out of memory)")
+    if not trainable or f.share(state) < OPTIMIZER_SHARE:
         return []
-    ratio = f.optimizer_state / trainable
+    ratio = state / trainable
     if ratio < ADAM_RATIO:
         return []
     if f.closure_forwards and ratio > 2 * ADAM_RATIO:
         return _shorter_history(f, trainable, ratio)
-    saving = f.optimizer_state - trainable
+    saving = state - trainable
     return [Suggestion(
         "lighter_optimizer", saving,
-        f"optimizer state {_b(f.optimizer_state)} is {ratio:.1f}x the {_b(trainable)} of trainable "
-        f"parameters ({f.share(f.optimizer_state):.0%} of {_b(f.tensor_total)} of tensors): two "
+        f"optimizer state {_b(state)}{building} is {ratio:.1f}x the {_b(trainable)} of trainable "
+        f"parameters ({f.share(state):.0%} of {_b(f.tensor_total)} of tensors): two "
         "states per parameter, Adam-like; SGD with momentum keeps one",
         "torch.optim.SGD(params, lr=..., momentum=0.9) keeps one state (saves this estimate; needs "
         "its own learning-rate tuning); to keep Adam's behaviour, 8-bit Adam "

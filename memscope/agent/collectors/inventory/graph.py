@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from memscope.constants import NODE_BYTES
-from memscope.agent.torchcompat.storages import storage_address
+from memscope.agent.torchcompat.storages import extent_bytes, storage_address, storage_parts
 
 MAX_GRAPH_NODES = 200_000  # autograd nodes walked per inventory, all graphs together
 __all__ = ["GraphWalker", "MAX_GRAPH_NODES", "NODE_BYTES"]
@@ -50,8 +50,11 @@ def saved_attr_names(node: Any) -> tuple[str, ...]:
 class GraphWalker:
     """One inventory's walk over all live graphs (shared visited set)."""
 
-    def __init__(self, excluded: set[int]) -> None:
+    def __init__(self, excluded: set[int], alive: dict[int, Any] | None = None) -> None:
         self.excluded = excluded  # parameters, gradients, optimizer state: never graph bytes
+        # storage address -> the live tensor counted for it (None: an optimizer's): a saved view
+        # into one of these (a slice of the dataset) keeps nothing the live tensor does not
+        self.alive = alive if alive is not None else {}
         self.charged: set[int] = set()  # storage addresses charged to some root
         self.visited: set[int] = set()
         self.keep: list[Any] = []  # node wrappers seen, so their ids stay unique
@@ -136,15 +139,26 @@ class GraphWalker:
         if not issubclass(tv, torch.Tensor):  # type, not isinstance: a pack hook's own object
             return 0
         try:
+            if value.layout is not torch.strided:  # sparse: its index and value storages
+                total = 0
+                for ptr, n in storage_parts(value):
+                    if ptr != own and ptr not in self.excluded and ptr not in self.charged:
+                        self.charged.add(ptr)
+                        self.last_charged.append(ptr)
+                        total += n
+                return total
             s = value.untyped_storage()
             ptr = storage_address(s)
             if not ptr:
                 return 0
             if ptr == own or ptr in self.excluded or ptr in self.charged:
                 return 0
+            nbytes = int(s.nbytes())
+            if self.alive.get(ptr) is not None and extent_bytes(value) < nbytes:
+                return 0  # a view into a live tensor's storage: counted with that tensor
             self.charged.add(ptr)
             self.last_charged.append(ptr)
-            return int(s.nbytes())
+            return nbytes
         except Exception:
             return 0
 

@@ -11,11 +11,18 @@ level is one pass over the process's objects, so the levels are shared, and boun
 * walked through on the way: lists, tuples, deques, sets, dicts (by key), instances (their
   ``__dict__`` and ``__slots__``; nn.Module children by name), bound methods (``.__self__``),
   ``functools.partial`` (``.args[0]``, ``.keywords['k']``), closure cells;
+* walked through too: an exception's ``__traceback__`` (its frames' local variables:
+  ``__main__.errors[*].__traceback__.<frame check>.scaled``), ``__context__``, ``__cause__`` and
+  ``args``; a suspended generator's or coroutine's frame (``.<generator windows>.kept``); a
+  ``functools.lru_cache`` (``__main__.table<lru_cache maxsize=None, 58 entries>``);
 * when no named root is found: a local variable of the training thread's frames, preferring the
-  container that grows (``losses``) over a variable that is one of its elements (``loss``).
+  container that grows (``losses``) over a variable that is one of its elements (``loss``), then
+  of other threads' frames (``__main__.drain.<locals>.kept (in thread 'logger')``).
 
 The growing container itself is named without an index (``__main__.history``, not
-``__main__.history[12]``); containers on the way keep theirs (``__main__.trainer.callbacks[1].store``).
+``__main__.history[12]``); containers on the way keep theirs (``__main__.trainer.callbacks[1].store``),
+but a container of exceptions, frames or generators, one kept per step, is the growing one:
+``[*]`` (each of its entries).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import functools
 import gc
 import sys
+import threading
 import types
 from collections import deque
 from itertools import compress
@@ -37,6 +45,11 @@ _LIBRARY = ("torch", "lightning", "pytorch_lightning", "transformers", "accelera
 #   ("item", k)   the entry holding a sample: nothing (the container is the holder), .k in a __dict__
 #   ("index", i)  an element of a sequence on the way: [i]
 #   ("attr", a)   .a
+#   ("each", None) an entry of a container of per-step holders (exceptions, frames): [*]
+#   ("frame", q)  the frame of function q that a traceback keeps: .<frame q>
+#   ("gen", q)    the frame of a suspended generator or coroutine q: .<generator q>
+#   ("local", n)  a local variable of a frame on the way: .n
+#   ("cache", (maxsize, n)) the entries of a functools.lru_cache: <lru_cache maxsize=M, n entries>
 Part = tuple[str, Any]
 Path = tuple[Part, ...]
 
@@ -50,6 +63,15 @@ def render(parts: Path) -> str:
             out.append(f"[{_key_text(v)}]")
         elif kind == "index":
             out.append(f"[{v}]")
+        elif kind == "each":
+            out.append("[*]")
+        elif kind == "local":
+            out.append(f".{v}")
+        elif kind in ("frame", "gen"):
+            out.append(f".<{'frame' if kind == 'frame' else 'generator'} {v}>")
+        elif kind == "cache":
+            maxsize, n = v
+            out.append(f"<lru_cache maxsize={maxsize}, {n} entries>")
     return "".join(out)
 
 
@@ -113,16 +135,37 @@ class _Search:
         self.named: dict[Hashable, str] = {}  # the script's root holding a container of the group: done
         self.others: dict[Hashable, tuple[tuple[int, int, int], str]] = {}  # the best other root so far
         self.budget = {key: MAX_REFERRERS for key in samples}
+        # frames on some thread's stack: their locals are read by _from_frames, not walked up
+        # from (ids only: a list of them would hold this very frame, and with it the samples,
+        # in a cycle that a script with the collector off never frees)
+        self.running_ids = _running_frames()
+        self.own.add(id(self.running_ids))
         self.frontier: list[Any] = []
+        # objects on a path from one of the older half of a group's samples (the oldest alive: a
+        # leak's), and the root the newer ones reached first, kept while the older are searched
+        # on (a group of the loop's current batch and of the batches a queue keeps: the loop's
+        # `data` names the newest, the queue the leak)
+        self.old: set[int] = set()
+        self.young: dict[Hashable, list[str]] = {}
         for key, lst in samples.items():
             self.own.add(id(lst))
-            for o in lst:
+            for i, o in enumerate(lst):
                 if id(o) not in self.objs:
                     self.objs[id(o)] = o
                     self.path[id(o)] = ((), key)
                     self.frontier.append(o)
+                    if i < (len(lst) + 1) // 2:
+                        self.old.add(id(o))
 
     def run(self) -> None:
+        try:
+            self._levels()
+        finally:
+            for key, names in self.young.items():  # the older samples never reached a root
+                if key not in self.named:
+                    self.named[key] = min(names, key=_preference)
+
+    def _levels(self) -> None:
         for _ in range(MAX_DEPTH):
             if not self.frontier:
                 return
@@ -135,12 +178,16 @@ class _Search:
             nxt: list[Any] = []
             for r in referrers:
                 rid = id(r)
-                if rid in self.own or rid in self.objs or type(r) is types.FrameType:
+                if rid in self.own or rid in self.running_ids:
                     continue
+                if rid in self.objs and (self.objs[rid] is not r or _through_container(self.path[rid][0])):
+                    continue  # on a path already (one not through a container may be upgraded)
                 try:
                     links = _links(r, fids, self)
                 except Exception:
                     continue
+                if len(links) > 1:  # one path per object: the one through the container that grows
+                    links.sort(key=lambda lk: lk[1] == "walk" and not _through_container(lk[2]))
                 for cid, kind, value in links:
                     key = self.path[cid][1]
                     if key in self.named or self.budget[key] <= 0:
@@ -149,20 +196,35 @@ class _Search:
                     if kind == "name":
                         rank = (0 if _through_container(self.path[cid][0]) else 1,
                                 1 if _preference(value)[0] == 2 else 0, 0)
-                        if rank == (0, 0, 0):
+                        if rank == (0, 0, 0) and cid in self.old:
                             found.setdefault(key, []).append(value)
+                        elif rank == (0, 0, 0):
+                            self.young.setdefault(key, []).append(value)
                         elif key not in self.others or rank < self.others[key][0]:
                             self.others[key] = (rank, value)
                     elif rid not in self.objs:
                         self.objs[rid] = r
                         self.path[rid] = (value, key)
+                        if cid in self.old:
+                            self.old.add(rid)
                         nxt.append(r)
                         self._instance_name(r, value, key)
+                    elif self.path[rid][1] == key and _through_container(value) \
+                            and not _through_container(self.path[rid][0]):
+                        # reached again through the container that grows (a generator's
+                        # ``kept`` after its ``t``): that path names it from now on
+                        self.path[rid] = (value, key)
+                        if cid in self.old:
+                            self.old.add(rid)
             referrers.clear()
             del referrers, args
             for key, names in found.items():
                 self.named[key] = min(names, key=_preference)
             self.frontier.clear()
+            for key, names in self.young.items():  # no older sample reached a root of its own
+                if key not in self.named and not any(self.path[id(o)][1] == key and id(o) in self.old
+                                                     for o in nxt):
+                    self.named[key] = min(names, key=_preference)
             self.frontier = [o for o in nxt if self.path[id(o)][1] not in self.named
                              and self.budget[self.path[id(o)][1]] > 0]
             nxt.clear()
@@ -184,6 +246,27 @@ class _Search:
         self.frontier.clear()
         self.objs.clear()
         self.path.clear()
+        self.old.clear()
+
+
+def _running_frames() -> set[int]:
+    """The ids of every frame on some thread's stack now."""
+    out: set[int] = set()
+    try:
+        tops = list(sys._current_frames().values())
+    except Exception:
+        return out
+    frame: Any = None
+    try:
+        while tops:
+            frame = tops.pop()
+            while frame is not None:
+                out.add(id(frame))
+                frame = frame.f_back
+    finally:
+        frame = None
+        tops.clear()
+    return out
 
 
 def find_holders(samples: dict[Hashable, list[Any]]) -> dict[Hashable, str | None]:
@@ -224,14 +307,20 @@ def find_holder(target: Any) -> str | None:
 def _through_container(parts: Path) -> bool:
     """Whether a root reached with ``parts`` holds the group through a container (a list, dict,
     set of its tensors: what grows), not one tensor in a variable or attribute of its own."""
-    return any(kind == "item" for kind, _ in parts)
+    return any(kind in ("item", "each", "cache") for kind, _ in parts)
 
 
 # -- one referrer ----------------------------------------------------------------------------------
 
 _SEQUENCES = (list, tuple, deque)
-_DEAD_ENDS = (types.CodeType, types.ModuleType, types.GeneratorType, types.CoroutineType,
-              types.AsyncGeneratorType, types.BuiltinFunctionType)
+_DEAD_ENDS = (types.CodeType, types.ModuleType, types.BuiltinFunctionType)
+_GENERATORS: dict[type, str] = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
+                                types.AsyncGeneratorType: "ag_frame"}
+# what a program keeps one of per step when it keeps the wrong thing: a container of these is
+# the container that grows ([*]), not one on the way
+_PER_STEP = (BaseException, types.FrameType, types.TracebackType, types.GeneratorType,
+             types.CoroutineType)
+_LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
 Link = tuple[int, str, Any]  # child id, "name" or "walk", the full name or the path from the referrer
@@ -254,6 +343,8 @@ def _links(r: Any, fids: set[int], s: _Search) -> list[Link]:
                 out.append((vid, "name", f"{mname}.{k}{render(parts)}"))
             elif not parts:  # the dict holds the sample: the dict is the container
                 out.append((vid, "walk", (("item", k if isinstance(k, str) else None),)))
+            elif isinstance(v, _PER_STEP):
+                out.append((vid, "walk", (("each", None),) + parts))
             else:
                 out.append((vid, "walk", (("key", k),) + parts))
         return out
@@ -269,7 +360,9 @@ def _links(r: Any, fids: set[int], s: _Search) -> list[Link]:
             done.add(id(v))
             parts = path[id(v)][0]
             # a list or deque holding the samples is the container; a tuple keeps its index
-            part = ("item", None) if not parts and base is not tuple else ("index", i)
+            part: Part = ("item", None) if not parts and base is not tuple else ("index", i)
+            if parts and base is not tuple and isinstance(v, _PER_STEP):
+                part = ("each", None)
             out.append((id(v), "walk", (part,) + parts))
         vals.clear()
         return out
@@ -288,6 +381,14 @@ def _links(r: Any, fids: set[int], s: _Search) -> list[Link]:
         return [(id(v), "walk", (("attr", "__self__"),) + path[id(v)][0])] if id(v) in fids else []
     if isinstance(r, type):
         return _class(r, fids, s)
+    if tr is types.FrameType:
+        return _frame(r, fids, s)
+    if tr is types.TracebackType:
+        return _traceback(r, fids, s)
+    if tr in _GENERATORS:
+        return _generator(r, tr, fids, s)
+    if tr is _LRU_WRAPPER:
+        return _lru(r, fids, s)
     if isinstance(r, functools.partial):
         out = []
         for attr in ("func", "args", "keywords"):
@@ -298,6 +399,93 @@ def _links(r: Any, fids: set[int], s: _Search) -> list[Link]:
     if tr in _DEAD_ENDS or issubclass(tr, _tensor_base()):
         return []
     return _instance(r, fids, s)
+
+
+def _qualname(code: Any) -> str:
+    return str(getattr(code, "co_qualname", code.co_name))
+
+
+def _local_links(frame: Any, fids: set[int], s: _Search, prefix: Path) -> list[Link]:
+    """The frame's local variables that are objects of the frontier, as ``prefix`` + .name."""
+    out: list[Link] = []
+    items = _frame_locals(frame)
+    for name, v in items:
+        if id(v) in fids and s.objs.get(id(v)) is v:
+            out.append((id(v), "walk", prefix + (("local", name),) + s.path[id(v)][0]))
+    items.clear()
+    return out
+
+
+def _frame(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    """A frame no thread runs (a traceback's, a generator's): its locals; the traceback or
+    generator that keeps it names it on the way up."""
+    return _local_links(r, fids, s, ())
+
+
+def _traceback(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    """A traceback entry: the frame it keeps (``.<frame f>``); the entries after it pass
+    through (one exception keeps its whole chain)."""
+    out: list[Link] = []
+    frame = r.tb_frame
+    if id(frame) in fids:
+        out.append((id(frame), "walk", (("frame", _qualname(frame.f_code)),) + s.path[id(frame)][0]))
+    nxt = r.tb_next
+    if nxt is not None and id(nxt) in fids:
+        out.append((id(nxt), "walk", s.path[id(nxt)][0]))
+    return out
+
+
+def _generator(r: Any, tr: type, fids: set[int], s: _Search) -> list[Link]:
+    """A suspended generator or coroutine: the locals of its frame (``.<generator g>.name``)."""
+    frame = getattr(r, _GENERATORS[tr], None)
+    if frame is None or getattr(r, _GENERATORS[tr][:2] + "_running", False):
+        return []
+    name = _qualname(frame.f_code)
+    out = _local_links(frame, fids, s, (("gen", name),))
+    if id(frame) in fids:  # reached its frame object first
+        out.append((id(frame), "walk", (("gen", name),) + s.path[id(frame)][0]))
+    return out
+
+
+def _lru(r: Any, fids: set[int], s: _Search) -> list[Link]:
+    """A ``functools.lru_cache`` wrapper: its entries (the cache's dict, or the results it
+    holds itself), with its maxsize and size now."""
+    try:
+        d = object.__getattribute__(r, "__dict__")
+    except Exception:
+        d = None
+    try:
+        info = r.cache_info()
+        part: Part = ("cache", (info.maxsize, info.currsize))
+    except Exception:
+        part = ("cache", (None, "?"))
+    out: list[Link] = []
+    held = {id(o) for o in gc.get_referents(r)}  # its cache's dict, or the results it holds
+    for cid in fids & held:
+        child = s.objs.get(cid)
+        if child is None:
+            continue
+        parts = s.path[cid][0]
+        if d is not None and child is d:
+            out.append((cid, "walk", _as_attrs(parts)))
+        else:  # the cache's dict (its keys: the arguments) or a result it holds
+            rest = parts[1:] if parts and parts[0][0] == "item" else parts
+            out.append((cid, "walk", (part,) + rest))
+    return out
+
+
+def _exception(r: BaseException, fids: set[int], s: _Search) -> list[Link]:
+    """What an exception keeps: its traceback (the frames it went through, and their
+    locals), the exceptions it chains to and its arguments."""
+    out: list[Link] = []
+    for attr in ("__traceback__", "__context__", "__cause__", "args"):
+        try:
+            v = getattr(r, attr)
+        except Exception:
+            continue
+        if v is not None and id(v) in fids and s.objs.get(id(v)) is v:
+            out.append((id(v), "walk", (("attr", attr),) + s.path[id(v)][0]))
+    return out
 
 
 def _function(r: Any, fids: set[int], s: _Search) -> list[Link]:
@@ -351,7 +539,7 @@ def _class(r: type, fids: set[int], s: _Search) -> list[Link]:
 
 
 def _instance(r: Any, fids: set[int], s: _Search) -> list[Link]:
-    out: list[Link] = []
+    out: list[Link] = _exception(r, fids, s) if isinstance(r, BaseException) else []
     try:
         d = object.__getattribute__(r, "__dict__")
     except Exception:
@@ -447,39 +635,60 @@ def _user_frame(module: str, filename: str) -> int:
     return 1
 
 
+def _thread_tops() -> list[tuple[str | None, Any]]:
+    """(None, the calling thread's caller frame), then (thread name, top frame) of every other
+    thread."""
+    out: list[tuple[str | None, Any]] = [(None, sys._getframe(2))]
+    me = threading.get_ident()
+    try:
+        frames = sys._current_frames()
+    except Exception:
+        return out
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for tid, frame in frames.items():
+        if tid != me:
+            out.append((names.get(tid, str(tid)), frame))
+    frames.clear()
+    return out
+
+
 def _from_frames(s: _Search, key: Hashable) -> tuple[tuple[int, int, int], str] | None:
     """A local variable of the calling thread's frames (outside memscope and torch) that holds
     an object of ``key``'s paths, ``module.function.<locals>.name``, with its rank: (through a
-    container or not, library frame or the script's, 1)."""
+    container or not, library frame or the script's, 1); else of another thread's frames
+    (``... (in thread 'logger')``, rank 3: a queue's consumer, a logger)."""
     best: tuple[tuple[int, int, int], str] | None = None
     try:
-        frame: Any = sys._getframe(1)
+        tops = _thread_tops()
     except Exception:
         return None
+    frame: Any = None
     try:
-        while frame is not None:
-            module = frame.f_globals.get("__name__", "")
-            kind = _user_frame(module if isinstance(module, str) else "", frame.f_code.co_filename)
-            if kind < 2:
-                try:
-                    local_items = _frame_locals(frame)
-                except Exception:
-                    local_items = []
-                for name, v in local_items:
-                    entry = s.path.get(id(v))
-                    if entry is None or entry[1] != key or s.objs.get(id(v)) is not v:
-                        continue
-                    rank = (0 if _through_container(entry[0]) else 1, kind, 1)
-                    if best is None or rank < best[0]:
-                        code = frame.f_code
-                        qual = getattr(code, "co_qualname", code.co_name)
-                        mod = "__main__" if module == "__mp_main__" else module
-                        where = f"{mod}.{qual}.<locals>.{name}" if qual != "<module>" else f"{mod}.{name}"
-                        best = (rank, where + render(entry[0]))
-                local_items.clear()
-                if best is not None and best[0][:2] == (0, 0):
-                    break
-            frame = frame.f_back
+        for thread, frame in tops:
+            while frame is not None:
+                module = frame.f_globals.get("__name__", "")
+                kind = _user_frame(module if isinstance(module, str) else "", frame.f_code.co_filename)
+                if kind < 2:
+                    try:
+                        local_items = _frame_locals(frame)
+                    except Exception:
+                        local_items = []
+                    for name, v in local_items:
+                        entry = s.path.get(id(v))
+                        if entry is None or entry[1] != key or s.objs.get(id(v)) is not v:
+                            continue
+                        rank = (0 if _through_container(entry[0]) else 1, kind, 1 if thread is None else 3)
+                        if best is None or rank < best[0]:
+                            qual = _qualname(frame.f_code)
+                            mod = "__main__" if module == "__mp_main__" else module
+                            where = f"{mod}.{qual}.<locals>.{name}" if qual != "<module>" else f"{mod}.{name}"
+                            where += render(entry[0])
+                            best = (rank, where if thread is None else f"{where} (in thread {thread!r})")
+                    local_items.clear()
+                    if best is not None and best[0][:2] == (0, 0):
+                        return best
+                frame = frame.f_back
         return best
     finally:
         del frame
+        tops.clear()

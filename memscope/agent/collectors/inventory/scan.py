@@ -32,7 +32,7 @@ from memscope.agent.collectors.inventory.live import LiveTensors
 from memscope.agent.collectors.inventory.preserved import preserved_refs
 from memscope.agent.torchcompat.optimizer_state import optimizer_state_tensors
 from memscope.agent.torchcompat.unseen import unseen
-from memscope.agent.torchcompat.storages import storage_address
+from memscope.agent.torchcompat.storages import dtype_text, storage_address, storage_parts
 
 MAX_GROUPS = 2000  # groups written per inventory (largest first)
 SAMPLES_PER_SUSPECT = 6  # instances of a suspect group handed to the holder search
@@ -71,22 +71,26 @@ def _text_signature(raw: tuple[Any, ...]) -> Signature:
             int(bool(rg)), fn.__name__ if fn is not None else None)
 
 
+def _dtype(t: Any) -> Any:
+    """The dtype a group is keyed by: torch's for a strided tensor, ``"float32 sparse_coo"`` for
+    one of another layout (its group is not its dense twin's)."""
+    return t.dtype if t.layout is torch.strided else dtype_text(t)
+
+
 def signature(category: str, t: Any) -> Signature:
     fn = t.grad_fn
-    return _text_signature((category, t.dtype, t.shape, t.device, t.requires_grad,
+    return _text_signature((category, _dtype(t), t.shape, t.device, t.requires_grad,
                             type(fn) if fn is not None else None))
 
 
-def _storage(t: Any) -> tuple[int, int] | None:
-    """(storage address, storage bytes) of a tensor with storage, else None. The address alone
-    names a storage: host and CUDA devices share one virtual address space (UVA)."""
+def _storages(t: Any) -> list[tuple[int, int]]:
+    """(storage address, storage bytes) of each storage holding a tensor's memory (a sparse
+    tensor's indices and values), [] when none. The address alone names a storage: host and
+    CUDA devices share one virtual address space (UVA)."""
     try:
-        ptr = storage_address(s := t.untyped_storage())
-        if not ptr:  # meta (a FakeTensor too), empty
-            return None
-        return ptr, int(s.nbytes())
-    except Exception:  # sparse, wrapper subclasses, fake tensors, freed storages
-        return None
+        return storage_parts(t)  # meta (a FakeTensor too) and empty storages: none
+    except Exception:  # wrapper subclasses, fake tensors, freed storages
+        return []
 
 
 class _Slot:
@@ -105,15 +109,15 @@ class _Slot:
         self.roots: list[tuple[int, Any]] = []  # (storage address, grad_fn) of its tensors with a graph
         self.samples: list[Any] | None = [] if sampled else None
         self.sampled: set[int] = set()  # roots walked for a median (a kind of many roots)
-        self.median_charged = False  # the roots not walked were charged the sample's median
+        self.median_charged: set[int] = set()  # roots not walked, charged the sample's median
 
 
 def _raw(t: Any) -> tuple[Any, ...]:
     """The torch-level signature the hot loop computes inline (tensors other than parameters)."""
     fn = t.grad_fn
     if fn is None:
-        return ("other", t.dtype, t.shape, t.device, t.requires_grad, None)
-    return ("activations", t.dtype, t.shape, t.device, True, type(fn))
+        return ("other", _dtype(t), t.shape, t.device, t.requires_grad, None)
+    return ("activations", _dtype(t), t.shape, t.device, True, type(fn))
 
 
 class _Counter:
@@ -125,7 +129,7 @@ class _Counter:
 
     def count(self, category: str, t: Any, nbytes: int) -> None:
         fn = t.grad_fn
-        raw = (category, t.dtype, t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
+        raw = (category, _dtype(t), t.shape, t.device, t.requires_grad, type(fn) if fn is not None else None)
         s = self.slots.get(raw) or self.new_slot(raw)
         s.count += 1
         s.bytes += nbytes
@@ -198,14 +202,15 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     s: Any = None
     try:
         for category, t in known:
-            st = _storage(t)
-            if st is None or st[0] in seen:
+            parts = [p for p in _storages(t) if p[0] not in seen]
+            if not parts:
                 continue
             try:
-                counter.count(category, t, st[1])
+                counter.count(category, t, sum(n for _, n in parts))
             except Exception:
                 continue
-            seen[st[0]] = None
+            for ptr, _ in parts:
+                seen[ptr] = None
         known.clear()
         fixed = set(seen)  # parameters, gradients, optimizer state: never charged to a graph
         fixed_add = fixed.add
@@ -244,7 +249,9 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
                     slot.roots.append((ptr, fn))
                 if slot.samples is not None:
                     slot.samples.append(t)
-            except Exception:  # sparse, wrapper subclasses, fake tensors: not counted
+            except Exception:  # another layout (sparse), wrapper subclasses, fake tensors
+                if t.layout is not torch.strided:
+                    _count_layout(t, seen, slots, new_slot)
                 continue
         del s
         if walk_graphs:
@@ -296,6 +303,27 @@ def _take(live: LiveTensors | None, optimizers: Iterable[Any],
     return inv
 
 
+def _count_layout(t: Any, seen: dict[int, Any], slots: dict[tuple[Any, ...], _Slot], new_slot: Any) -> None:
+    """A tensor of another layout than strided (sparse COO, CSR ...; rare, so off the hot
+    path): its index and value storages, each storage once, in a group of its layout."""
+    try:
+        parts = [p for p in storage_parts(t) if p[0] not in seen]
+        if not parts:
+            return
+        for ptr, _ in parts:
+            seen[ptr] = t
+        raw = _raw(t)
+        slot = slots.get(raw) or new_slot(raw)
+        slot.count += 1
+        slot.bytes += sum(n for _, n in parts)
+        if raw[5] is not None:
+            slot.roots.append((parts[0][0], t.grad_fn))
+        if slot.samples is not None:
+            slot.samples.append(t)
+    except Exception:
+        return
+
+
 def _uncount_saved(saved: tuple[set[int], set[int]], seen: dict[int, Any],
                    slots: dict[tuple[Any, ...], _Slot]) -> None:
     """Take back the live tensors a walked graph saved (they are in that root's graph_bytes),
@@ -313,10 +341,10 @@ def _uncount_saved(saved: tuple[set[int], set[int]], seen: dict[int, Any],
         try:
             raw = _raw(t)
             sl = slots[raw]
-            nbytes = int(t.untyped_storage().nbytes())
+            nbytes = sum(n for _, n in _storages(t))
         except Exception:
             continue
-        if raw[5] is not None and sl.median_charged and ptr not in sl.sampled:
+        if raw[5] is not None and ptr in sl.median_charged:
             continue  # a root charged the median of its kind's sample
         sl.count -= 1
         sl.bytes -= nbytes
@@ -361,12 +389,19 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
         walked.extend((*members[i], sl, len(rest)) for i in idx)
         sl.sampled = {members[i][0] for i in idx}
         rest.append((sl, idx))
-    walker = GraphWalker(fixed)
+    walker = GraphWalker(fixed, live)
     kept: set[int] = set()
-    own: dict[int, tuple[int, int]] = {}  # a big kind's sampled roots: what each walk charged
+    # a big kind's sampled roots: what each walk charged, and whether another graph had reached
+    # the root's node before its own walk
+    own: dict[int, tuple[int, int, bool]] = {}
+    shadow: set[int] = set()  # nodes near the top of graphs charged a median without a walk
 
     def walk(key: int, fn: Any, sl: _Slot) -> bool:
         """Walk one root, charge its group; whether it saved a live tensor's storage."""
+        if id(fn) in shadow:  # under a root charged its kind's median: charged there
+            own[key] = (0, 0, True)
+            return False
+        reached = id(fn) in walker.visited
         try:
             b, n = walker.walk(fn, key)
         except Exception:
@@ -375,7 +410,7 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
             sl.graph_bytes += b
             sl.graph_nodes += n
             kept.add(key)
-        own[key] = (b, n)
+        own[key] = (b, n, reached)
         return any(p in live for p in walker.last_charged)
 
     saves_live = [0] * len(rest)  # roots of a big kind's sample that saved a live tensor
@@ -415,14 +450,32 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
                     if k not in sl.sampled:
                         walk(k, f, sl)
                 continue
-            got = [own.get(k, (0, 0)) for k in sl.sampled]
-            b = int(_median([g[0] for g in got]))
-            n = int(_median([g[1] for g in got]))
+            # the rest are charged the median of the sampled roots no other graph had reached;
+            # a root that some walked graph reaches is charged nothing (its nodes were charged
+            # where they were reached: the older links of a chain, or a kind's tensors that
+            # another group's graphs use, beside ones that no graph uses)
+            got = [g for g in (own.get(k, (0, 0, True)) for k in sl.sampled) if not g[2]]
+            b = int(_median([g[0] for g in got])) if got else 0
+            n = int(_median([g[1] for g in got])) if got else 0
+            visited = walker.visited
+            charged = [(k, f) for k, f in sl.roots
+                       if k not in sl.sampled and id(f) not in visited and id(f) not in shadow]
+            if charged and not got and len(charged) <= GRAPH_SAMPLE:
+                # every sampled root was reached by another graph, and a few unsampled ones were
+                # not (the loop's own tensor of a kind a traceback keeps many of): no median to
+                # charge them, so they are walked, each, exactly
+                for k, f in charged:
+                    if walker.truncated:
+                        break
+                    walk(k, f, sl)
+                continue
             if b or n:
-                others = len(sl.roots) - len(sl.sampled)
-                sl.graph_bytes += b * others
-                sl.graph_nodes += n * others
-                sl.median_charged = True
+                sl.median_charged = {k for k, _ in charged}
+                sl.graph_bytes += b * len(charged)
+                sl.graph_nodes += n * len(charged)
+                # the top of the graphs charged so (not walked): a root of an inner kind there is
+                # in the median already (a helper's argument under the product made from it)
+                _mark_below([f for _, f in charged], shadow, walker)
         inv.truncated = inv.truncated or walker.truncated
         return set(walker.charged), kept
     finally:
@@ -430,6 +483,31 @@ def _walk_graphs(slots: list[_Slot], fixed: set[int], live: dict[int, Any],
         rest.clear()
         own.clear()
         walker.close()
+
+
+SHADOW_DEPTH = 4  # levels below a root charged its kind's median that are marked as reached
+
+
+def _mark_below(fns: list[Any], shadow: set[int], walker: GraphWalker) -> None:
+    """Mark the nodes within ``SHADOW_DEPTH`` levels under ``fns`` (not the roots themselves):
+    an unwalked root found there later is charged nothing, its nodes being in the median of the
+    root above it. Wrappers are kept by the walker, so their ids stay theirs."""
+    level = list(fns)
+    for _ in range(SHADOW_DEPTH):
+        nxt: list[Any] = []
+        for fn in level:
+            try:
+                children = fn.next_functions
+            except Exception:
+                continue
+            for child, _ in children:
+                if child is not None and id(child) not in shadow and id(child) not in walker.visited:
+                    shadow.add(id(child))
+                    walker.keep.append(child)
+                    nxt.append(child)
+        level = nxt
+        if not level:
+            break
 
 
 def _median(values: list[int]) -> float:

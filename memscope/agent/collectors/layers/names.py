@@ -5,12 +5,16 @@ container (memscope.agent.torchcompat.module_names: the model the user built, al
 framework calls a submodule first, ``net.0`` under Lightning; wrappers such as
 ``torch.compile``'s ``OptimizedModule`` and DDP take the name of what they wrap). The first such
 model's names are plain (the model itself is ``""``); later distinct models (a loss module called
-on its own, say) are prefixed with their class name and ``":"`` (``"CrossEntropyLoss:"``).
+on its own, say) are prefixed with their class name and ``":"`` (``"CrossEntropyLoss:"``), and so
+is a module the data pipeline calls (a torchvision transform run by the DataLoader before the
+model: ``"Normalize:"``), whenever it is first seen.
 Everything is held weakly; the walk up to the outermost container is done once per root.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ class _Root:
     ref: weakref.ReferenceType[Any]  # a module called with an empty stack
     top: weakref.ReferenceType[Any] | None = None  # its outermost container, once resolved
     prefix: str = ""
+    in_data: bool = False  # first called by the data pipeline (a transform in a DataLoader)
 
 
 @dataclass
@@ -53,7 +58,7 @@ class ModelNames:
             entry = self._roots.get(rid)
             if entry is None or entry.ref() is not root:
                 self._roots = {k: v for k, v in self._roots.items() if v.ref() is not None}
-                self._roots[rid] = _Root(weakref.ref(root))
+                self._roots[rid] = _Root(weakref.ref(root), in_data=_in_data_pipeline())
             self.step_roots.add(rid)
 
     def roots(self) -> list[Any]:
@@ -160,10 +165,35 @@ class ModelNames:
             self._tops = {k: v for k, v in self._tops.items() if v.ref() is not None}
             info = self._tops.get(id(top))
             if info is None or info.ref() is not top:
-                prefix = "" if not self._tops else _model_class(top) + ":"
+                # the model is the first one the data pipeline did not call: a torchvision
+                # Normalize (an nn.Module) run by the DataLoader before it is not "(model)"
+                plain = not entry.in_data and not any(t.prefix == "" for t in self._tops.values())
+                prefix = "" if plain else _model_class(top) + ":"
                 info = self._tops[id(top)] = _Top(weakref.ref(top), prefix)
             entry.prefix = info.prefix
         return info
+
+
+_DATA = os.sep + os.path.join("torch", "utils", "data") + os.sep
+
+
+def _in_data_pipeline() -> bool:
+    """Whether the module being called runs under torch.utils.data (a DataLoader fetching a
+    batch: a transform of the dataset's ``__getitem__``). Asked once per root."""
+    try:
+        frame: Any = sys._getframe(2)
+    except ValueError:
+        return False
+    try:
+        for _ in range(64):
+            if frame is None:
+                return False
+            if _DATA in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+    finally:
+        del frame
 
 
 def _model_class(top: Any) -> str:

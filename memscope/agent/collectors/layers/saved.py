@@ -14,6 +14,7 @@ also gives the live saved bytes (``max_live``, the activations at their peak in 
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -22,6 +23,7 @@ import torch
 
 from memscope.agent.collectors.layers.kernels import sdpa_kernel
 from memscope.agent.collectors.layers.tensors import storage_key
+from memscope.agent.torchcompat.storages import extent_bytes, storage_parts
 from memscope.agent.torchcompat.compiled import runtime_only
 from memscope.agent.torchcompat.unseen import unseen
 
@@ -126,7 +128,7 @@ class SavedTensors:
         if not self._active():
             return t
         try:
-            key = storage_key(t)
+            key, nbytes = _saved_key(t)
             if key[1] == 0 or key in self._not_activations:
                 return t
             if self._on_kernel is not None:
@@ -148,7 +150,6 @@ class SavedTensors:
                 if entry is not None:
                     entry[0] += 1
                     return saved
-                nbytes = t.untyped_storage().nbytes()
                 self._live[key] = [1, nbytes]
                 self.live_bytes += nbytes
                 if self.live_bytes > self.max_live:
@@ -186,3 +187,49 @@ class SavedTensors:
             except Exception:
                 pass
         return callback
+
+
+def _saved_key(t: Any) -> tuple[StorageKey, int]:
+    """The key a saved tensor is counted under, and what the graph keeps by saving it.
+
+    * A strided tensor: its storage, whole (``storage_key``).
+    * A view that needs no gradient into a storage a tensor alive outside the graph holds (the
+      batch's indices sliced from the whole token tensor, ``data[i:i + n]``): only its own
+      extent, keyed by where it starts. The storage is alive anyway; a copy of the slice is what
+      saving it costs (on a GPU, ``.to(device)`` makes that copy). Charged the storage, an
+      embedding of a word-level language model was charged the whole dataset.
+    * A sparse tensor: its index and value storages together, keyed by the first.
+    """
+    if t.layout is not torch.strided:
+        parts = storage_parts(t)
+        return (hash(t.device), parts[0][0] if parts else 0), sum(n for _, n in parts)
+    key = storage_key(t)
+    nbytes = int(t.untyped_storage().nbytes())
+    if not t.requires_grad and t._is_view():
+        extent = extent_bytes(t)
+        if extent < nbytes and _alive_elsewhere(t._base):  # (the call shape _count_refs measures)
+            return (hash(t.device), int(t.data_ptr())), extent
+    return key, nbytes
+
+
+def _alive_elsewhere(base: Any) -> bool:
+    """Whether a view's base tensor has a Python reference of the program's (a variable, a
+    global, a dataset's attribute): more references than a base only its view keeps has when
+    handed here (measured once: Python versions count the call's own references differently)."""
+    if base is None:
+        return False
+    if not _ALONE:
+        _ALONE.append(_refs_alone())
+    return sys.getrefcount(base) > _ALONE[0]
+
+
+_ALONE: list[int] = []
+
+
+def _refs_alone() -> int:
+    view = torch.arange(4)[1:2]  # its base has no Python object of its own
+    return _count_refs(view._base)
+
+
+def _count_refs(base: Any) -> int:
+    return sys.getrefcount(base)
