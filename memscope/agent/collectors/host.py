@@ -52,9 +52,9 @@ class CollectorHost(Protocol):
         """The dotted prefix that names ``module`` as the model the user built sees it."""
 
     def module_name(self, module: Any) -> str | None:
-        """``module``'s full name as per-layer rows name it (its model's prefix, then its dotted
-        name in the outermost module holding it); None when unknown. Walks gc referrers: rare
-        callers only."""
+        """The full name per-layer rows gave ``module``, a root seen on a profiled step (its
+        model's prefix, then its dotted name in the outermost module holding it); None before
+        its step's rows were named. A lookup: no gc walk."""
 
     def models(self) -> list[Any]:
         """The outermost modules seen on profiled steps that are still alive (strong references

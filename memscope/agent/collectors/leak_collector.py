@@ -158,13 +158,14 @@ class LeakCollector:
 
     def _root_name(self, root: Any) -> str:
         """A model's name as its layer rows name it (``1`` for ``model[1]`` called on its own),
-        found once per model (it walks gc referrers)."""
+        as naming those rows found it (kept per model)."""
         known = self._root_names.get(id(root))
         if known is not None and known[0]() is root:
             return known[1]
         agent = self._agent
         name = agent.module_name(root)
-        name = name if name is not None else agent.module_prefix(root)
+        if name is None:  # its rows not named yet: its prefix for now, its name next time
+            return agent.module_prefix(root)
         try:
             self._root_names[id(root)] = (weakref.ref(root), name)
         except TypeError:
