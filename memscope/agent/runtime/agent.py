@@ -31,6 +31,7 @@ from memscope.agent.runtime.config import (
     block_profile_wanted,
     techniques_wanted,
 )
+from memscope.agent.collectors.evaluations import EvaluationWatch
 from memscope.agent.collectors.layers import LayerProfiler
 from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.leak_collector import LeakCollector
@@ -106,6 +107,8 @@ class Agent:
         self._layers_enabled = options.layers_every > 0
         self._layers = LayerProfiler(in_optimizer=lambda: self._tracker.phase == "optimizer")
         self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
+        self._evaluations_enabled = True
+        self._evaluations = EvaluationWatch(self.models, self._evaluation_event)
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
         # one step's exact live-tensor peak on CPU (the allocator's on CUDA): for the suggestions
@@ -235,6 +238,8 @@ class Agent:
             self._tick()  # the last sample
         except Exception:
             pass
+        if self._evaluations_enabled:
+            self._guard_call("evaluations", self._evaluations.finish, time.time(), self._tracker.step)
         self._guard_call("oom", self._oom_finish)
         self._guard_call("compile", compiled_seen.stop)
         self._guard_call("exec", self._exec.remove)
@@ -452,6 +457,8 @@ class Agent:
         if self._writer.insert("samples", {"proc": self.proc_id, "t": t, "step": step,
                                            "phase": self._tracker.phase, "rss": rss}):
             self.samples += 1
+        if self._evaluations_enabled:
+            self._guard("evaluations", lambda now: self._evaluations.observe(now, step), t)
         if self._cuda_enabled:
             self._guard("cuda", self._tick_cuda, t)
         if self._nvml_enabled and self._cuda_devices and t - self._nvml_last >= self.options.nvml_interval:
@@ -696,6 +703,14 @@ class Agent:
                                        "step": self._tracker.step, "kind": kind,
                                        "message": message,
                                        "data": json.dumps(data) if data is not None else None})
+
+    def _evaluation_event(self, start: float, end: float, first: int | None, last: int | None,
+                          model: str) -> None:
+        """An evaluation, at its start on the timeline (its end in the data, as marks read it)."""
+        self._writer.insert("events", {
+            "proc": self.proc_id, "t": start, "step": first, "kind": "evaluation",
+            "message": f"evaluation: {model} in eval mode for {end - start:.2f} s (from step {first})",
+            "data": json.dumps({"end": end, "last_step": last, "model": model})})
 
     def _finish_process_row(self, status: str = "stopped") -> None:
         """The process row's last word. Never into a file that is no longer the run's; while
