@@ -90,11 +90,14 @@ def test_lbfgs_rows_of_one_evaluation_are_those_of_all(lbfgs_run: tuple[Path, li
         return loss
 
     profiler = LayerProfiler()  # the rows depend on the shapes, not on the step's weights
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the run's (OMP_NUM_THREADS=1): small ops, no thread hand-offs
     profiler.begin(1)
     try:
         optimizer.step(closure)
     finally:
         rows = profiler.end()
+        torch.set_num_threads(threads)
     full = {r.name: (r.saved_bytes, r.saved_tensors, r.calls) for r in rows if r.name}
     assert got == full and set(got) == {"lstm1", "lstm2", "linear", "MSELoss"}
 
