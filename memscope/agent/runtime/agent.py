@@ -33,6 +33,7 @@ from memscope.agent.runtime.config import (
 )
 from memscope.agent.collectors.evaluations import EvaluationWatch
 from memscope.agent.collectors.layers import LayerProfiler
+from memscope.agent.collectors.measure_budget import Measure, bounded_message
 from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.leak_collector import LeakCollector
 from memscope.agent.collectors.oom import OomRecorder, is_oom
@@ -106,6 +107,9 @@ class Agent:
         self._nvml_last = 0.0
         self._layers_enabled = options.layers_every > 0
         self._layers = LayerProfiler(in_optimizer=lambda: self._tracker.phase == "optimizer")
+        # a measured step's cost, priced as it goes (memscope.agent.collectors.measure_budget)
+        self._layers_measure = Measure()
+        self._cpu0: tuple[int, float] | None = None  # (training thread, its CPU time) at the start
         self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
         self._evaluations_enabled = True
         self._evaluations = EvaluationWatch(self.models, self._evaluation_event)
@@ -178,6 +182,7 @@ class Agent:
             self._thread_failed(exc)
             raise
         if self.attach is None:
+            self._cpu0 = (threading.get_ident(), time.thread_time())  # on the training thread
             self._layers_next(0)  # attached: at the first boundary (Attachment.anchored)
 
     def _thread_failed(self, exc: BaseException) -> None:
@@ -313,7 +318,9 @@ class Agent:
         if not (self._layers_enabled and self.running and self.options.profiles_layers(step)):
             return
         try:
+            self._layers_measure.start(time.thread_time(), self._trained_cpu())
             self._layers.begin(step)
+            self._tracker.on_backward_end = self._measured_backward
             if self._layers.saved_hooks_error:
                 self.event("warning", f"layers: saved tensors not measured in step {step}: "
                                       f"{self._layers.saved_hooks_error}")
@@ -325,9 +332,18 @@ class Agent:
         if not self._layers.active:
             return
         try:
+            cut = self._layers.cut_short
+            if cut:  # the closure evaluations after the cut ran unprofiled: counted still
+                self._layers.count_unprofiled(*self._layers_measure.unmeasured(*self._tracker.closed_backwards))
             rows = self._layers.end()
             if self._layers.step != step:
                 return  # hooks installed for a step that never ran as such
+            if cut and self._layers_measure.cut_at is not None:
+                measured = self._layers_measure.cut_at[1]
+                total = measured + self._layers_measure.unmeasured(*self._tracker.closed_backwards)[1]
+                self.event("measure_bounded", bounded_message(step, "layers were profiled", measured, total,
+                                                              self._layers_measure.cost_at_cut),
+                           {"step": step, "what": "layers", "measured": measured, "total": total})
             for r in rows:
                 self._writer.insert("layer_stats", {
                     "proc": self.proc_id, "step": step, "module": r.name, "type": r.type,
@@ -358,6 +374,25 @@ class Agent:
         except Exception as exc:
             self._layers_failed(exc)
 
+    def _measured_backward(self, closure: bool) -> None:
+        """The end of a backward in a measured step (on the training thread): a measurement
+        that has cost its share stops for the rest of the step (measure_budget)."""
+        tracker = self._tracker
+        now = time.thread_time()
+        if self._layers.active and not self._layers.cut_short and self._layers_measure.due_cut(closure, now):
+            self._layers_measure.cut(now, tracker.backwards, tracker.closure_backwards)
+            self._layers.cut()
+        if self._peak.peak is not None:
+            self._peak.backward_end(closure, now, tracker.backwards, tracker.closure_backwards)
+
+    def _trained_cpu(self) -> float:
+        """The training thread's CPU seconds since recording began (0: another thread began it,
+        or it is not known yet: a measurement then gets its allowance alone)."""
+        start = self._cpu0
+        if start is None or start[0] != threading.get_ident():
+            return 0.0
+        return time.thread_time() - start[1]
+
     def _layers_stop(self) -> None:
         try:
             if self._layers.active:
@@ -379,6 +414,8 @@ class Agent:
 
     def steps_anchored(self) -> None:
         """Attached to a running process: the first step boundary was seen, step 0 begins."""
+        if self._cpu0 is None:
+            self._cpu0 = (threading.get_ident(), time.thread_time())
         self._layers_next(0)
 
     def __repr__(self) -> str:
@@ -542,9 +579,12 @@ class Agent:
         # Every part is called only when it has work, each asked through an attribute: on steps
         # of ~1 ms the boundary runs 2,000 times a run, with the caches cold after the step's
         # own work (the same code costs about three times what it does in a loop)
+        tracker = self._tracker
+        if tracker.on_backward_end is not None:
+            tracker.on_backward_end = None  # set again below when the next step is measured
         peak = self._peak
         if peak.peak is not None:
-            peak.step_closed(step)  # first: the boundary's own tensor work is not the step's
+            peak.step_closed(step, tracker.closed_backwards)  # first: the boundary's tensor work is not the step's
         profiled = self._layers.active
         if profiled:
             self._step_part("layers", self._layers_close, step)
@@ -584,7 +624,9 @@ class Agent:
         if profile_next:
             self._layers_next(step + 1)
         if peak.step == step + 1:
-            peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
+            peak.step_opening(step + 1, self._trained_cpu())  # last: nothing of the boundary's runs under its mode
+            if peak.peak is not None:
+                tracker.on_backward_end = self._measured_backward
         if self.attach is not None:
             self.attach.step_closed(step)  # a detach asked for happens here, on the training thread
 
