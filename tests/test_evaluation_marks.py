@@ -2,7 +2,8 @@
 batches under no_grad for about half a second, model.train()) under attach at default options.
 The run file holds one ``evaluation`` event per evaluation, placed inside the span the script
 itself measured and ending after it; the timeline model makes them marks with a span, and the
-HTML page draws them. The training steps between the evaluations are not evaluations."""
+HTML page draws them. Steps that run in eval mode (a script that trains with frozen batch norm)
+are training, not evaluations."""
 
 from __future__ import annotations
 
@@ -56,3 +57,17 @@ def test_the_timeline_and_the_page_mark_them(run: tuple[Path, list[tuple[float, 
         assert m.end is not None and 0.3 < m.end - m.t < 0.5 + LATE_S, (m.t, m.end)
     assert page.count('<rect class="mark evaluation"') == len(spans)
     assert "evaluation: Sequential in eval mode" in page
+
+
+def test_steps_in_eval_mode_are_training_not_evaluations(tmp_path: Path) -> None:
+    """The same script training in eval mode throughout: its evaluations after steps 9 and 19
+    are followed by steps in eval mode (nothing tells them from training), so only the last,
+    after the last step, is one."""
+    db = tmp_path / "frozen.db"
+    out = memscope("attach", "--headless", "--db", str(db), str(SCRIPTS / "evaluating.py"), "--steps", "30",
+                   "--eval-s", "0.3", "--train-in-eval")
+    assert out.returncode == 0, out.stderr
+    with sqlite3.connect(db) as conn:
+        starts = [t for (t,) in conn.execute("SELECT t FROM events WHERE kind = 'evaluation'")]
+        (last_end,) = conn.execute("SELECT max(end) FROM steps").fetchone()
+    assert len(starts) == 1 and starts[0] >= last_end, (starts, last_end)

@@ -4,8 +4,10 @@ until ``model.train()``), as the sampler sees it.
 Read by the sampler (every sample, and at step boundaries): the ``training`` flag of the models
 seen on profiled steps that have parameters (a loss module has none and never counts). Nothing
 of the training's is wrapped (``Module.train`` stays torch's): an evaluation shorter than a
-sampling interval may go unseen, and such a mark would be too thin to draw anyway. A model
-left in eval mode when recording ends is closed at that moment.
+sampling interval may go unseen, and such a mark would be too thin to draw anyway. A step
+boundary ends one (the model trained since): where the model is still in eval mode there, it is
+training in eval mode (frozen batch norm, say), not an evaluation, and nothing is written. A
+model left in eval mode when recording ends is closed at that moment.
 """
 
 from __future__ import annotations
@@ -33,6 +35,20 @@ class EvaluationWatch:
         if in_eval is not None and self._open is None:
             self._open = (t, step, in_eval)
         elif in_eval is None and self._open is not None:
+            self._close(t, step)
+
+    @property
+    def in_progress(self) -> bool:
+        return self._open is not None
+
+    def boundary(self, t: float, step: int | None) -> None:
+        """A step ended while an evaluation was open (samples can miss the short training
+        between two evaluations)."""
+        if self._open is None:
+            return
+        if self._in_eval() is not None:
+            self._open = None  # steps run in eval mode: training, not an evaluation
+        else:
             self._close(t, step)
 
     def finish(self, t: float, step: int | None) -> None:

@@ -590,6 +590,8 @@ class Agent:
             self._step_part("layers", self._layers_close, step)
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
+        if self._evaluations.in_progress:
+            self._guard_call("evaluations", self._evaluations.boundary, end, step)
         if self._boundary_sample_due():
             self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
