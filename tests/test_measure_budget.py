@@ -51,9 +51,13 @@ def test_lbfgs_steps_are_measured_in_part_and_said(lbfgs_run: tuple[Path, list[i
     # memscope's step n ends where the script's optimizer.step() of its step n returns
     n1, n2 = evaluations[1], evaluations[2]
     layers_line, peak_line = report["run"]["measured"]
-    assert layers_line.startswith(f"step 1: layers were profiled over its first 1 of {n1} closure evaluations")
-    assert peak_line.startswith(f"step 2: the live tensor peak was measured over its first 1 of {n2} closure "
-                                "evaluations")
+    # cut once they cost their share: after the first evaluation here, the second on a slower or
+    # busier CPU (the budget is CPU time, each evaluation about 0.25 s measured)
+    k1 = re.match(rf"step 1: layers were profiled over its first (\d+) of {n1} closure evaluations", layers_line)
+    k2 = re.match(rf"step 2: the live tensor peak was measured over its first (\d+) of {n2} closure "
+                  "evaluations", peak_line)
+    assert k1 and k2, (layers_line, peak_line)
+    assert 1 <= int(k1.group(1)) <= 2 < n1 and 1 <= int(k2.group(1)) <= 2 < n2, (layers_line, peak_line)
     text = cli("report", str(db)).stdout
     assert f"measured  {layers_line}" in text and f"measured  {peak_line}" in text
     # every evaluation counted, the unprofiled ones too
@@ -62,7 +66,8 @@ def test_lbfgs_steps_are_measured_in_part_and_said(lbfgs_run: tuple[Path, list[i
     with sqlite3.connect(db) as conn:
         (data,) = conn.execute("SELECT data FROM events WHERE kind = 'tensor_peak'").fetchone()
     peak = json.loads(data)
-    assert peak["step"] == 2 and peak["closure_evaluations_measured"] == 1 and peak["closure_evaluations"] == n2
+    assert peak["step"] == 2 and peak["closure_evaluations_measured"] == int(k2.group(1))
+    assert peak["closure_evaluations"] == n2
     bd = report["peak"]["breakdown"]
     # the peak of a forward and its backward: the model and one forward's saved activations live
     assert peak["peak_bytes"] >= bd["parameters"] + bd["activations"]
