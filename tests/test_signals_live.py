@@ -83,3 +83,23 @@ def test_reader_follows_a_live_run(run_db: Path) -> None:
         proc.kill()
     assert proc.returncode == 0
     assert report_json(run_db)["run"]["steps"] == 40
+
+
+def test_a_sampling_profiler_above_attach_changes_nothing(tmp_path: Path) -> None:
+    """``py-spy record -- memscope attach ...`` (a user profiling the training's speed while memscope
+    records its memory): py-spy stops and resumes the supervisor hundreds of times a second, and
+    its wait woke with signal number 0. Forwarding that raised EINVAL: one line, the supervisor
+    gone and the training killed with it (its death signal). Nothing is forwarded but the four
+    signals a user sends."""
+    spy = Path(sys.executable).parent / "py-spy"
+    assert spy.exists(), f"py-spy is not installed beside {sys.executable} (pip install -e '.[test]')"
+    db = tmp_path / "spied.db"
+    out = subprocess.run([str(spy), "record", "--rate", "250", "--format", "raw", "-o", str(tmp_path / "p.txt"),
+                          "--", sys.executable, "-m", "memscope", "attach", "--headless", "--db", str(db),
+                          str(SCRIPTS / "loop.py"), "--steps", "150", "--sleep", "0.01"],
+                         cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True, capture_output=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert "memscope: error" not in out.stderr, out.stderr
+    rep = report_json(db)
+    assert (rep["run"]["status"], rep["run"]["steps"], rep["run"]["exit_code"]) == ("finished", 150, 0), rep["run"]

@@ -196,7 +196,9 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int]
             if done:
                 break
             wait = min(WAIT_S, max(0.01, tick(pid)))
-            if info is not None and info.si_signo != signal.SIGCHLD:
+            # a profiler or debugger attached to this supervisor (py-spy, gdb) wakes the wait
+            # with si_signo 0: nothing to forward (os.kill raised EINVAL there)
+            if info is not None and info.si_signo in _FORWARDED:
                 interrupted = interrupted or info.si_signo == signal.SIGINT
                 if info.si_code != _SI_KERNEL:
                     try:
