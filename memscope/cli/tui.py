@@ -35,6 +35,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attached-pid", action="store_true", help=argparse.SUPPRESS)  # attach --pid
 
 
+def needs_terminal(command: str, instead: str) -> None:
+    """A dashboard draws on a terminal and reads its keys: refuse (one line, exit 2) when stdout
+    or stdin is not one, rather than write escape codes into a file and never end."""
+    for name, stream in (("stdout", sys.stdout), ("stdin", sys.stdin)):
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            raise CliError(f"{command}: the dashboard needs a terminal and {name} is not one; {instead}")
+
+
 def run(args: argparse.Namespace) -> int:
     from memscope.node.nodefile import is_node_file
 
@@ -42,12 +54,14 @@ def run(args: argparse.Namespace) -> int:
         from memscope.node.nodereader import NodeReader
 
         NodeReader(args.db).close()  # a bad file fails here with one line
+        needs_terminal("tui", f"for text: memscope report {args.db}")
         try:
             top = importlib.import_module("memscope_tui.top")
         except ImportError:
             raise CliError(_INSTALL) from None
         return int(top.run_top_file(args.db))
     RunReader(args.db).close()  # a bad file fails here with one line, before any UI starts
+    needs_terminal("tui", f"for text: memscope report {args.db}")
     try:
         data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
     except ImportError:
