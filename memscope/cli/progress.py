@@ -3,8 +3,8 @@
 * :func:`info`: an informational line (``memscope: wrote report.html``); ``-q/--quiet`` silences
   it. Errors and warnings are printed as they are, never through here: ``-q`` never hides them.
 * :class:`Progress`: on a terminal (stdout and stderr both a tty, no ``--json``, no ``-q``), one
-  line on stderr redrawn in place once a second while a command works (``memscope fit: fake run
-  4: batch 32 · 12 s``), from its first second on (a command done sooner shows nothing), and
+  line on stderr redrawn in place once a second while a command works (``memscope fit · 12 s:
+  fake run 4 (--batch 32, as is)``), from its first second on (a command done sooner shows nothing), and
   erased when it ends. Piped, or with ``--json``, nothing is added. Code below the CLI (runners,
   store, report) never prints: it is handed :meth:`Progress.update` as a callback and says what
   it is doing; the line adds the elapsed time.
@@ -146,11 +146,12 @@ class Progress:
     def _line(self) -> str:
         seconds = self.clock() - self._started
         what = f": {shown_text(self.text)}" if self.text else ""
-        line = f"{self.label}{what} · {seconds:.0f} s"
+        line = f"{self.label} · {seconds:.0f} s{what}"  # the time first: a cut line keeps it
         try:
             width = os.get_terminal_size(self.stream.fileno()).columns
         except (AttributeError, ValueError, OSError):
-            width = 80
+            width = 0
+        width = width or 80  # a terminal that says 0 columns (a fresh pty) is taken as 80
         # one line of the terminal, never wrapped: a wrapped line cannot be erased in place
         return line if len(line) < width else line[:max(width - 2, 1)] + "…"
 
