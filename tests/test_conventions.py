@@ -177,7 +177,7 @@ def test_fish_completes_and_zsh_parses(scripts: dict[str, str], files: Path) -> 
     cases = {"memscope rep": ["report"], "memscope report --j": ["--json"],
              "memscope report ": ["a.db", "b.db", "sub/"], "memscope import ": ["snap.pickle", "sub/"],
              "memscope completion ": ["bash", "fish", "zsh"], "memscope attach --debugger ": ["auto", "gdb", "lldb"],
-             "memscope report -o n": ["notes.txt"]}
+             "memscope report -o n": ["notes.txt"], "memscope attach -o ": ["a.db", "b.db", "sub/"]}
     body = ["source ../memscope.fish"] + [f"complete -C {shlex.quote(w)}; echo ==" for w in cases]
     out = subprocess.run([fish, "--no-config", "-c", "\n".join(body)], cwd=files, capture_output=True,
                          text=True, timeout=60)
@@ -275,6 +275,16 @@ def test_the_progress_line_is_told_what_each_command_does(said: list[str], tmp_p
     said.clear()
     assert run_main("report", leaky)[0] == 0
     assert said == ["memscope report", f"reading {leaky}"]
+    said.clear()
+    broken = tmp_path / "broken.py"  # whatif's baseline fails at once: what it said before it ran is enough
+    broken.write_text("raise SystemExit(3)\n")
+    code, _out, err = run_main("whatif", "--try", "mixed_precision", "--steps", "2", "--db-dir",
+                               str(tmp_path / "w"), str(broken))
+    assert code == 1 and "the baseline run failed (exit 3)" in err
+    assert said == ["memscope whatif", "run 1 of 2: baseline, 2 steps"]
+    said.clear()
+    assert run_main("top", "--once", "--window", "0.1")[0] == 0
+    assert said == ["memscope top", "sampling every 0.05 s for 0.1 s"]
     said.clear()
     assert run_main("report", leaky, "--json")[0] == 0  # --json: no progress line at all
     assert run_main("report", leaky, "-q")[0] == 0  # nor with -q

@@ -124,7 +124,9 @@ def test_zsh_completes_in_a_real_zsh(pane: Pane, tmp_path: Path) -> None:  # noq
     pane.keys("Enter")
     pane.wait_for(lambda s: s.rstrip().endswith(">"), what="the prompt after the setup")
     for typed, completed in (("memscope rep", "memscope report "), ("memscope report --j", "memscope report --json "),
-                             ("memscope report r", "memscope report run.db ")):
+                             ("memscope report r", "memscope report run.db "),
+                             ("memscope report --html n", "memscope report --html notes.txt "),
+                             ("memscope attach --debugger l", "memscope attach --debugger lldb ")):
         pane.tmux("send-keys", "-t", "t", "-l", typed)
         pane.keys("Tab")
         pane.wait_for(lambda s, c=completed: f"> {c}".rstrip() in [ln.rstrip() for ln in s.splitlines()],
