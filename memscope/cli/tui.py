@@ -20,6 +20,7 @@ import threading
 from typing import BinaryIO
 
 from memscope.cli.errors import CliError
+from memscope.cli.progress import is_quiet
 from memscope.store.reader import RunReader
 
 HELP = "open the terminal dashboard on a run file (needs memscope-tui)"
@@ -147,7 +148,7 @@ class Foreground:
         with self._lock:
             if not self._closed.is_set():
                 self._closed.set()
-                if self._saved:  # the training is still going
+                if self._saved and not is_quiet():  # the training is still going: say so (not with -q)
                     os.write(self._saved[2], (
                         f"memscope: dashboard closed; the training goes on and memscope waits for it "
                         f"to end (^C interrupts it). Its output so far: {self.log_path}\n").encode())

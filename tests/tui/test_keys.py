@@ -50,25 +50,22 @@ async def test_home_and_end_go_to_the_first_and_last_row() -> None:
             assert (table.cursor_row, table.scroll_y, table.scroll_x) == (0, 0, 0), table_id
 
 
+async def press_on_loaded(key: str, attached: bool = False) -> MemscopeApp:
+    """The dashboard on the leaky run, ``key`` pressed once it has loaded; the app after."""
+    app = MemscopeApp(str(DATA / "leaky.sqlite"), attached=attached)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.loads >= 1)
+        await pilot.press(key)
+        await pilot.pause()
+        app.running_after = app.is_running  # type: ignore[attr-defined]
+    return app
+
+
 async def test_ctrl_c_quits_with_130_and_interrupts_the_training_when_attached() -> None:
-    app = MemscopeApp(str(DATA / "leaky.sqlite"))
-    async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: app.loads >= 1)
-        await pilot.press("ctrl+c")
-        await pilot.pause()
-    assert app.return_code == 130
-    app = MemscopeApp(str(DATA / "leaky.sqlite"))
-    async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: app.loads >= 1)
-        await pilot.press("q")
-        await pilot.pause()
-    assert app.return_code == 0
-    attached = MemscopeApp(str(DATA / "leaky.sqlite"), attached=True)
-    async with attached.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: attached.loads >= 1)
-        await pilot.press("ctrl+c")  # the run has ended: it says so, and stays open
-        await pilot.pause()
-        assert attached.is_running and attached.return_code is None
+    assert (await press_on_loaded("ctrl+c")).return_code == 130
+    assert (await press_on_loaded("q")).return_code == 0
+    attached = await press_on_loaded("ctrl+c", attached=True)  # the run has ended: it says so, stays open
+    assert attached.running_after and attached.return_code is None  # type: ignore[attr-defined]
 
 
 async def test_ctrl_c_quits_the_top_view_with_130() -> None:
