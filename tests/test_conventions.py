@@ -289,6 +289,7 @@ def test_the_progress_line_is_told_what_each_command_does(said: list[str], tmp_p
     assert run_main("report", leaky, "--json")[0] == 0  # --json: no progress line at all
     assert run_main("report", leaky, "-q")[0] == 0  # nor with -q
     assert run_main("completion", "bash")[0] == 0  # a script: never one
+    assert run_main("export", leaky, "--csv", "-")[0] == 0  # the export itself on stdout: none
     assert said == []
 
 

@@ -93,8 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return 2
         progress.set_quiet(args.quiet)
+        # (nor when the output itself goes to stdout: a binary write there passes no guard)
+        to_stdout = "-" in (getattr(args, "html", None), getattr(args, "chrome", None), getattr(args, "csv", None))
         shows = (args.command not in _NO_PROGRESS and (args.command != "top" or args.once)
-                 and progress.wanted(getattr(args, "json", False)))
+                 and not to_stdout and progress.wanted(getattr(args, "json", False)))
         with progress.running(f"memscope {args.command}", shows):
             if args.command in _RAW_STDOUT or getattr(args, "json", False) or getattr(args, "html", None) == "-":
                 return int(command_module(args.command).run(args))
