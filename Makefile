@@ -54,8 +54,9 @@ demo: install
 # System tools the end-to-end tests drive: tmux (a real terminal for the dashboard), headless
 # Chromium (opens the HTML report), gdb and lldb (memscope attach --pid injects through them: gdb
 # 13 cannot restore the registers of CPUs with AMX state, so lldb is what works on such a
-# machine). Installed from Debian's packages when missing; where that is not possible the tests
-# that need them fail and say why.
+# machine), zsh and fish (memscope completion's scripts, completed in the real shells).
+# Installed from Debian's packages when missing; where that is not possible the tests that need
+# them fail and say why.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-deps:
 	@missing=""; \
@@ -63,6 +64,8 @@ test-deps:
 	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v gdb >/dev/null 2>&1 || missing="$$missing gdb"; \
 	command -v lldb >/dev/null 2>&1 || missing="$$missing lldb"; \
+	command -v zsh >/dev/null 2>&1 || missing="$$missing zsh"; \
+	command -v fish >/dev/null 2>&1 || missing="$$missing fish"; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing$$missing from Debian's packages"; \

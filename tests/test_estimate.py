@@ -147,7 +147,7 @@ def test_bad_numbers_are_one_line_and_exit_2(args: list[str], message: str) -> N
 def test_a_script_goes_to_the_script_mode_with_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     import memscope.runners.script_estimate as se
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(se, "run", lambda args: seen.update(script=args.script, rest=args.script_args) or 0)
+    monkeypatch.setattr(se, "run", lambda args, **_: seen.update(script=args.script, rest=args.script_args) or 0)
     assert cli_main(["estimate", "train.py", "--lr", "3"]) == 0
     assert seen == {"script": "train.py", "rest": ["--lr", "3"]}
 
@@ -165,7 +165,7 @@ def test_options_go_before_the_script_and_the_rest_is_the_scripts(monkeypatch: p
     """As in attach: memscope's flags before SCRIPT.py, everything after it is the script's."""
     import memscope.runners.script_estimate as se
     seen: list[tuple[bool, list[str]]] = []
-    monkeypatch.setattr(se, "run", lambda args: seen.append((args.json, args.script_args)) or 0)
+    monkeypatch.setattr(se, "run", lambda args, **_: seen.append((args.json, args.script_args)) or 0)
     assert cli_main(["estimate", "--json", "train.py", "--lr", "3"]) == 0
     assert cli_main(["estimate", "train.py", "--json"]) == 0
     assert seen == [(True, ["--lr", "3"]), (False, ["--json"])]

@@ -22,15 +22,17 @@ from memscope.runners.fit import FitResult, fit, render
 
 TINY = [str(EXAMPLES / "tiny_gpt.py"), "--eval-every", "0"]
 CAP = ROOT / "tests" / "scripts" / "tensor_cap.py"
-KEYS = {"schema", "budget_bytes", "max_micro_batch", "batch_argument", "plans"}
+KEYS = {"schema", "budget_bytes", "max_micro_batch", "batch_argument", "plans",
+        "gpu_bytes", "tensor_budget_bytes", "cuda_context_bytes", "fragmentation_bytes"}
 TECHNIQUES = {"mixed_precision", "activation_checkpointing", "gradient_accumulation",
               "lighter_optimizer", "sharding", "selective_checkpointing"}
 
 
-def fit_json(*args: str, timeout: float = 300) -> dict[str, Any]:
+def fit_json(*args: str, timeout: float = 300) -> tuple[dict[str, Any], str]:
+    """The document and what fit said on stderr."""
     out = memscope("fit", "--json", *args, timeout=timeout)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout), out.stderr
 
 
 def capped(cap: int, *cmd: str) -> subprocess.CompletedProcess[str]:
@@ -44,9 +46,12 @@ def test_the_largest_micro_batch_fits_for_real_and_one_more_does_not() -> None:
     under a cap of the usable bytes (what the GPU holds after the CUDA context and the
     fragmentation reserve), and batch + 1 runs out of memory there."""
     budget = 560 << 20
-    doc = fit_json("--gpu", "560MiB", *TINY)
+    doc, stderr = fit_json("--gpu", "560MiB", *TINY)
     assert set(doc) == KEYS and doc["schema"] == "memscope.fit/1"
     assert doc["budget_bytes"] == budget and doc["batch_argument"] == "--batch"
+    # the GPU and the budget the text's "budget" line explains, each under its own name
+    assert doc["gpu_bytes"] == budget and doc["tensor_budget_bytes"] == Allowance().usable(budget) == 20 << 20
+    assert stderr == f"memscope fit: fake runs of {TINY[0]} ...\n"  # piped, --json: no progress line
     batch = doc["max_micro_batch"]
     assert isinstance(batch, int) and batch > 8  # the script's own batch (8) fits with room
     # the script as it is fits: the only plan is no technique
@@ -59,11 +64,23 @@ def test_the_largest_micro_batch_fits_for_real_and_one_more_does_not() -> None:
     assert over.returncode == 3 and "OOM: tensor cap" in over.stdout, over.stdout + over.stderr
 
 
+PROGRESS: list[str] = []  # what plans_result's fit told its progress callback
+
+
 @pytest.fixture(scope="module")
 def plans_result(tmp_path_factory: pytest.TempPathFactory) -> FitResult:
     """tiny_gpt at batch 32 on a GPU with 3.85 MiB for tensors (its peak: 30.7 MiB), 2 ranks."""
     return fit(TINY[0], [*TINY[1:], "--batch", "32"], 543 << 20, world_size=2,
-               workdir=str(tmp_path_factory.mktemp("fit")))
+               workdir=str(tmp_path_factory.mktemp("fit")), progress=PROGRESS.append)
+
+
+def test_progress_is_told_each_fake_run(plans_result: FitResult) -> None:
+    """The progress line's callback (memscope.cli.progress) hears of every fake run, numbered as
+    the text counts them, with its batch and techniques."""
+    assert len(PROGRESS) == plans_result.trials
+    assert [int(t.split()[2]) for t in PROGRESS] == list(range(1, plans_result.trials + 1))
+    assert PROGRESS[0].startswith("fake run 1 (as is")
+    assert any("--batch 32, " in t and "mixed_precision" in t for t in PROGRESS), PROGRESS
 
 
 @pytest.fixture(scope="module")

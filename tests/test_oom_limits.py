@@ -135,3 +135,7 @@ def test_the_profile_hint() -> None:
     assert "--layers-first 0" in profile_hint(0, 0)
     assert "--layers-first 0" in profile_hint(1, None)  # ended before step 1 completed
     assert profile_hint(40, 12) == "attach with --layers-every N"
+    # no step completed and none failed: no option would have profiled anything
+    for steps in (0, None):
+        assert "--layers" not in profile_hint(steps, None) and "completed no training step" in profile_hint(steps, None)
+    assert profile_hint(0, None, running=True) == "no training step has completed yet"

@@ -314,10 +314,18 @@ def _key(t: dict[str, Any]) -> str:
 
 
 def document(budget: int, max_micro_batch: int | None, batch_argument: str | None,
-             plans: Sequence[Plan]) -> dict[str, Any]:
-    """The ``memscope.fit/1`` JSON document."""
+             plans: Sequence[Plan], allowance: Allowance | None = None) -> dict[str, Any]:
+    """The ``memscope.fit/1`` JSON document. ``budget`` is the GPU's size (``--gpu``): the first
+    documents' ``budget_bytes``, kept as it was (an additive contract); what is left of it for
+    tensors, the budget the text's ``budget`` line explains, is ``tensor_budget_bytes``."""
+    allowance = allowance or Allowance()
+    usable = allowance.usable(budget)
     return {"schema": SCHEMA, "budget_bytes": int(budget), "max_micro_batch": max_micro_batch,
-            "batch_argument": batch_argument, "plans": [p.as_json() for p in plans]}
+            "batch_argument": batch_argument, "plans": [p.as_json() for p in plans],
+            "gpu_bytes": int(budget), "tensor_budget_bytes": usable,
+            "cuda_context_bytes": int(allowance.cuda_context),
+            # what the fragmentation reserve takes, so that the three parts add up exactly
+            "fragmentation_bytes": int(budget) - int(allowance.cuda_context) - usable}
 
 
 # -- from a recorded run (report suggestions) --------------------------------------------------------

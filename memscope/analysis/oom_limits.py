@@ -102,9 +102,15 @@ def attention_tip(d: dict[str, Any], activations: int) -> str | None:
             "never stores them; move the Dropout on the scores into its dropout_p")
 
 
-def profile_hint(steps: int | None, oom_step: int | None) -> str:
+def profile_hint(steps: int | None, oom_step: int | None, running: bool = False) -> str:
     """The attach option that would have profiled the layers of this run: step 0 is profiled
-    only with ``--layers-first 0`` (a run that failed or ended in step 0 has no step 1)."""
+    only with ``--layers-first 0`` (a run that failed or ended in step 0 has no step 1). A run
+    that completed no step, and did not fail in one, had no step to profile: no option helps."""
+    if oom_step is None and not steps:
+        if running:
+            return "no training step has completed yet"
+        return ("it completed no training step (a step ends at optimizer.step(), or at a backward "
+                "without an optimizer), so there was none to profile")
     if (oom_step is not None and oom_step < 1) or (steps is not None and steps < 2):
         return "attach with --layers-first 0 to profile step 0"
     return "attach with --layers-every N"

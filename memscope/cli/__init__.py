@@ -10,6 +10,8 @@ import sys
 from typing import Any, NoReturn, Sequence
 
 from memscope import __version__
+from memscope.cli import progress
+from memscope.cli.common_options import add_common
 from memscope.cli.errors import CliError
 from memscope.display import guarded_stdout, safe_lines, shown_text
 from memscope.store.schema import RunFileError
@@ -17,7 +19,9 @@ from memscope.store.schema import RunFileError
 # commands whose stdout is data for another program (export -, report --html -, any --json), or
 # not ours (tui and top's live view draw on the terminal themselves); every other text command prints through
 # memscope.display's guard
-_RAW_STDOUT = {"export", "tui", "top"}
+_RAW_STDOUT = {"export", "tui", "top", "completion"}
+# commands that draw no progress line (memscope.cli.progress): the dashboards, a service, a script
+_NO_PROGRESS = {"tui", "daemon", "completion"}
 
 # command -> its module under memscope.cli, imported only when that command runs (or for
 # --help): `attach` starts the user's training, and every module imported before it is wall time
@@ -39,6 +43,7 @@ COMMANDS = {
     "diff": "diff",
     "top": "top",
     "daemon": "daemon",
+    "completion": "completion",
 }
 
 
@@ -64,12 +69,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS if only is None else [only]:
         module = command_module(name)
-        module.register(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.register(command)
+        add_common(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    progress.set_quiet(False)
     try:
         if args_list and args_list[0] == "attach":
             # attach owns everything after the script name: parse it by hand (see attach.split)
@@ -84,10 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
-        if args.command in _RAW_STDOUT or getattr(args, "json", False) or getattr(args, "html", None) == "-":
-            return int(command_module(args.command).run(args))
-        with guarded_stdout():  # names from a run file never drive the terminal (memscope.display)
-            return int(command_module(args.command).run(args))
+        progress.set_quiet(args.quiet)
+        # (nor when the output itself goes to stdout: a binary write there passes no guard)
+        to_stdout = "-" in (getattr(args, "html", None), getattr(args, "chrome", None), getattr(args, "csv", None))
+        shows = (args.command not in _NO_PROGRESS and (args.command != "top" or args.once)
+                 and not to_stdout and progress.wanted(getattr(args, "json", False)))
+        with progress.running(f"memscope {args.command}", shows):
+            if args.command in _RAW_STDOUT or getattr(args, "json", False) or getattr(args, "html", None) == "-":
+                return int(command_module(args.command).run(args))
+            with guarded_stdout():  # names from a run file never drive the terminal (memscope.display)
+                return int(command_module(args.command).run(args))
     except (CliError, RunFileError) as exc:
         print(f"memscope: error: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Sequence
 
 from memscope.agent.runtime.config import TECHNIQUES, AgentOptions
 from memscope.units import parse_size
+from memscope.cli.common_options import add_common, output_flags
 from memscope.cli.errors import CliError
+from memscope.cli.progress import info, set_quiet
 from memscope.display import safe_lines, shown_text
 from memscope.redact import Redaction
 from memscope.agent.runtime.config import ENV_DB_ID
@@ -31,14 +33,14 @@ USAGE = ("memscope attach [OPTIONS] SCRIPT.py [ARGS...]\n"
          "       memscope attach [OPTIONS] -m MODULE [ARGS...]\n"
          "       memscope attach [OPTIONS] -- COMMAND [ARGS...]\n"
          "       memscope attach --pid PID [OPTIONS]")
-_TAKES_VALUE = {"--db", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first",
+_TAKES_VALUE = {"--db", "-o", "--output", "--sample-hz", "--nvml-interval", "--layers-every", "--layers-first",
                 "--inventory-every", "--inventory-budget", "--max-steps", "--try", "--simulate-gpu",
                 "--pid", "--duration", "--debugger", "--attach-timeout", "--redact"}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.usage = USAGE
-    parser.add_argument("--db", metavar="PATH",
+    parser.add_argument(*output_flags("--db"), dest="db", metavar="PATH",
                         help="run file to write (default: memscope-<script>-<time>.db here)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing run file")
     parser.add_argument("--group-readable", action="store_true",
@@ -216,13 +218,24 @@ def _wait_for_lock(db: str) -> bool:
         return False
 
 
+def say_summary(text: str) -> None:
+    """The end-of-run summary: its first line is information (``-q`` hides it), the lines after
+    it say why the record is incomplete (shown whatever ``-q`` says)."""
+    head, *problems = safe_lines(text).split("\n")
+    info(head)
+    for line in problems:
+        print(line, file=sys.stderr)
+
+
 def main(argv: Sequence[str]) -> int:
     from memscope.cli import _Parser  # the one-line-error parser
 
     parser = _Parser(prog="memscope attach")
     register(parser)
+    add_common(parser)
     option_words, command, via_python = split(argv)
     args = parser.parse_args(option_words)
+    set_quiet(args.quiet)
     if args.pid is not None:
         if command is not None:
             raise CliError("attach: give --pid PID or a command to start, not both")
@@ -316,7 +329,7 @@ def main(argv: Sequence[str]) -> int:
         if foreground is not None:
             foreground.stop()  # the dashboard now shows how it ended; wait for the user's q
     if foreground is not None:
-        print(f"memscope: the training's output: {foreground.log_path}", file=sys.stderr)
+        info(f"memscope: the training's output: {foreground.log_path}")
     if not contained:
         compact(db)  # the dashboard held the file open until now, or the disk was full
 
@@ -331,10 +344,10 @@ def main(argv: Sequence[str]) -> int:
             summary = summarize(reader)
         if not recorded:  # the file still says running: it is this process's word that counts
             summary.status = f"{child.run_status} (not in the run file)"
-        print(safe_lines(render_headless(summary)), file=sys.stderr)
+        say_summary(render_headless(summary))
     except Exception as exc:  # noqa: BLE001 - the training's exit status must come out, whatever
         print(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}",
               file=sys.stderr)
     if not args.headless and sys.stdout.isatty():
-        print(f"memscope: explore it with: memscope report {db}", file=sys.stderr)
+        info(f"memscope: explore it with: memscope report {db}")
     return child.status

@@ -8,6 +8,7 @@ import sys
 import threading
 
 from memscope.cli.errors import CliError
+from memscope.cli.progress import info
 from memscope.display import safe_lines
 from memscope.node import attach_session
 from memscope.node.target import TargetError
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"attach: {exc}") from None
     del target  # inspected again by attach(), a moment later
 
-    def say(line: str) -> None:
-        print(safe_lines(line), file=sys.stderr)
+    def say(line: str) -> None:  # information: -q hides it
+        info(safe_lines(line))
 
     try:
         session = attach_session.attach(pid, args.db, options, max_steps=args.max_steps, debugger=args.debugger,
@@ -86,16 +87,22 @@ def run(args: argparse.Namespace) -> int:
             "exited": f"pid {pid} ended while attached",
             "lost": f"pid {pid} did not confirm the detach; its agent detaches by itself now that "
                     "this command ends"}[outcome]
-    say(f"memscope: {said}")
+    if outcome == "lost":  # a problem: said whatever -q says
+        print(safe_lines(f"memscope: warning: {said}"), file=sys.stderr)
+    else:
+        say(f"memscope: {said}")
     try:
         from memscope.analysis.summary import summarize
         from memscope.report.text import render_headless
         from memscope.store.reader import RunReader
 
+        from memscope.cli.attach import say_summary
+
         with RunReader(db) as reader:
-            say(render_headless(summarize(reader)))
+            say_summary(render_headless(summarize(reader)))
     except Exception as exc:  # noqa: BLE001 - the recording is in the file whatever the summary does
-        say(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}")
+        print(safe_lines(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}"),
+              file=sys.stderr)
     return 0 if outcome != "lost" else 1
 
 
@@ -113,7 +120,7 @@ def detach(args: argparse.Namespace) -> int:
         db = attach_session.detach_pid(args.pid, args.timeout)
     except attach_session.AttachError as exc:
         raise CliError(f"detach: {exc}") from None
-    print(f"memscope: detached from pid {args.pid}; its record: {db}", file=sys.stderr)
+    info(f"memscope: detached from pid {args.pid}; its record: {db}")
     return 0
 
 

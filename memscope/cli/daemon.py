@@ -10,7 +10,9 @@ import signal
 import sys
 import threading
 
+from memscope.cli.common_options import output_flags
 from memscope.cli.errors import CliError
+from memscope.cli.progress import info
 from memscope.display import safe_lines
 from memscope.node.daemon import Daemon, DaemonOptions
 from memscope.node.nodefile import default_node_path
@@ -20,7 +22,7 @@ HELP = ("watch every PyTorch process of this host headless: a node file, leak su
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", metavar="NODE.db",
+    parser.add_argument(*output_flags("--db"), dest="db", metavar="NODE.db",
                         help="node file to write, or to continue (default: memscope-node-<host>.db here)")
     parser.add_argument("--interval", type=float, default=5.0, metavar="S",
                         help="seconds between samples (default %(default)s)")
@@ -67,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
                             prometheus=prometheus, auto_attach=args.auto_attach, attach_steps=args.attach_steps,
                             attach_dir=args.attach_dir, match=args.match)
     stop = threading.Event()
+    interrupted: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -79,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     daemon = Daemon(options, say)
     daemon.run(stop)
-    say(f"memscope: daemon stopped after {daemon.samples} samples; its record: {options.db} "
-        f"(memscope report {options.db})")
-    return 0
+    info(safe_lines(f"memscope: daemon stopped after {daemon.samples} samples; its record: {options.db} "
+                    f"(memscope report {options.db})"))
+    # SIGTERM (a service manager's stop) is a clean end: 0; ^C is an interrupt: 130, as for
+    # every command (the node file is closed the same way)
+    return 130 if interrupted else 0

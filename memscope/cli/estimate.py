@@ -62,9 +62,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.script:
+        from memscope.cli import progress
         from memscope.runners import script_estimate  # runs the script: only when asked
 
-        return int(script_estimate.run(args))
+        return int(script_estimate.run(args, progress=progress.callback()))
     inputs = Inputs(params=args.params, optimizer=args.optimizer, precision=args.precision,
                     batch=args.batch, seq=args.seq, layers=args.layers, hidden=args.hidden,
                     heads=args.heads, vocab=args.vocab, world_size=args.world_size, zero=args.zero,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
-import sys
 
+from memscope.cli import progress
 from memscope.cli.errors import CliError
 from memscope.report.chrome import write_chrome_trace
 from memscope.report.csv_export import write_directory, write_timeline
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             if args.chrome:
                 out = Output(args.chrome, "export: --chrome", group_readable=args.group_readable)
                 with out as f:
-                    n = write_chrome_trace(reader, f)
+                    n = write_chrome_trace(reader, f, progress=progress.callback())
                 _note(f"chrome trace: {out.shown} ({n} events)")
             if args.csv:
                 _export_csv(reader, args.csv, args.group_readable)
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def _export_csv(reader: RunReader, target: str, group_readable: bool) -> None:
     if target == "-" or (target.lower().endswith(".csv") and not os.path.isdir(target)):
         out = Output(target, "export: --csv", group_readable=group_readable)
+        progress.update(f"writing {target}")
         with out as f:
             n = write_timeline(reader, f)
         _note(f"csv: {out.shown} ({n} rows)")
@@ -69,7 +70,7 @@ def _export_csv(reader: RunReader, target: str, group_readable: bool) -> None:
     if not os.path.isdir(parent):
         raise CliError(f"export: --csv {target}: directory {parent} does not exist")
     try:
-        written = write_directory(reader, target, group_readable)
+        written = write_directory(reader, target, group_readable, progress=progress.callback())
     except OSError as exc:
         raise CliError(f"export: --csv {target}: {exc.strerror or exc}") from None
     _note(f"csv: {os.path.join(target, '')} ({len(written)} files, {written.get('timeline.csv', 0)} timeline rows)")
@@ -77,4 +78,4 @@ def _export_csv(reader: RunReader, target: str, group_readable: bool) -> None:
 
 def _note(line: str) -> None:
     # stderr: stdout may be carrying the export itself (-)
-    print(f"memscope: {line}", file=sys.stderr)
+    progress.info(f"memscope: {line}")

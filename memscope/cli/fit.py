@@ -34,6 +34,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memscope.cli import progress
     from memscope.runners import fit  # runs fake trials: only when asked
 
-    return int(fit.run(args))
+    return int(fit.run(args, say=progress.info, progress=progress.callback()))

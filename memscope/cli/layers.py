@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         proc = summary.main_proc
         steps = [st for _, st in profiled_steps(reader, proc)] if proc is not None else []
         if not steps:
-            hint = profile_hint(summary.steps, summary.oom.step if summary.oom is not None else None)
+            hint = profile_hint(summary.steps, summary.oom.step if summary.oom is not None else None,
+                                running=summary.status == "running")
             raise CliError(f"layers: {args.db} has no profiled step ({hint})")
         if args.step is not None:
             if args.step not in steps:

@@ -7,6 +7,7 @@ import sys
 
 from memscope.cli.errors import CliError
 from memscope.cli.file_options import add_group_readable
+from memscope.cli.progress import info
 from memscope.store.merge import LiveInputs, merge_runs
 from memscope.store.merge_check import NotOneJob
 
@@ -46,11 +47,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"memscope: {result.path}: {result.processes} processes from {len(result.inputs)} "
           f"run files, {rows} rows")
     if result.missing_ranks:
-        print(f"memscope: note: ranks not in the inputs: {_ranges(result.missing_ranks)}",
-              file=sys.stderr)
+        info(f"memscope: note: ranks not in the inputs: {_ranges(result.missing_ranks)}")
     if result.skipped_tables:
-        print(f"memscope: note: tables without a proc column not copied: "
-              f"{', '.join(result.skipped_tables)}", file=sys.stderr)
+        info(f"memscope: note: tables without a proc column not copied: "
+             f"{', '.join(result.skipped_tables)}")
     return 0
 
 

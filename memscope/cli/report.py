@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from memscope.analysis.summary import RunSummary, summarize
+from memscope.cli.common_options import output_flags
 from memscope.cli.errors import CliError
 from memscope.cli.file_options import add_group_readable
+from memscope.cli.progress import info, update
 from memscope.report.json_report import report_from_summary
 from memscope.report.text import render_summary
 from memscope.store.reader import RunReader
@@ -20,7 +21,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("db", metavar="RUN.db",
                         help="run file written by memscope attach (or a node file of memscope daemon)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
-    parser.add_argument("--html", metavar="OUT.html",
+    parser.add_argument(*output_flags("--html"), dest="html", metavar="OUT.html",
                         help="also write a self-contained HTML report (memory chart, hotspots, leaks,"
                              " suggestions, OOM); prints no text report unless --json")
     add_group_readable(parser)
@@ -34,8 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if is_node_file(args.db):  # what memscope daemon saw on a node
         return _node_report(args)
     with RunReader(args.db) as reader:
+        update(f"reading {args.db}")
         summary = summarize(reader)
         if args.html:
+            update(f"writing {args.html}")
             _write_html(reader, summary, args.html, args.group_readable)
     if args.json:
         print(json.dumps(report_from_summary(summary), indent=2))
@@ -53,7 +56,7 @@ def _write_html(reader: RunReader, summary: RunSummary, path: str, group_readabl
     with out as f:
         f.write(page)
     if path != "-":
-        print(f"memscope: wrote {out.shown} ({len(page.encode()) // 1024} KiB)", file=sys.stderr)
+        info(f"memscope: wrote {out.shown} ({len(page.encode()) // 1024} KiB)")
 
 
 def _node_report(args: argparse.Namespace) -> int:

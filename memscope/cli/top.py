@@ -9,6 +9,7 @@ import sys
 import time
 
 from memscope.cli.errors import CliError
+from memscope.cli.progress import update
 from memscope.display import shown
 from memscope.node.monitor import Monitor, Snapshot
 from memscope.units import human_bytes
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not args.once:
         raise CliError("top: --json goes with --once (the live view is for a terminal)")
     if args.once:
+        update(f"sampling every {interval:g} s for {window:g} s")
         snap = sample_window(window, interval)
         print(json.dumps(snap.as_json(), indent=2) if args.json else render_table(snap))
         return 0

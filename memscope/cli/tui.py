@@ -20,6 +20,7 @@ import threading
 from typing import BinaryIO
 
 from memscope.cli.errors import CliError
+from memscope.cli.progress import is_quiet
 from memscope.store.reader import RunReader
 
 HELP = "open the terminal dashboard on a run file (needs memscope-tui)"
@@ -35,6 +36,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attached-pid", action="store_true", help=argparse.SUPPRESS)  # attach --pid
 
 
+def needs_terminal(command: str, instead: str) -> None:
+    """A dashboard draws on a terminal and reads its keys: refuse (one line, exit 2) when stdout
+    or stdin is not one, rather than write escape codes into a file and never end."""
+    for name, stream in (("stdout", sys.stdout), ("stdin", sys.stdin)):
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            raise CliError(f"{command}: the dashboard needs a terminal and {name} is not one; {instead}")
+
+
 def run(args: argparse.Namespace) -> int:
     from memscope.node.nodefile import is_node_file
 
@@ -42,12 +55,14 @@ def run(args: argparse.Namespace) -> int:
         from memscope.node.nodereader import NodeReader
 
         NodeReader(args.db).close()  # a bad file fails here with one line
+        needs_terminal("tui", f"for text: memscope report {args.db}")
         try:
             top = importlib.import_module("memscope_tui.top")
         except ImportError:
             raise CliError(_INSTALL) from None
         return int(top.run_top_file(args.db))
     RunReader(args.db).close()  # a bad file fails here with one line, before any UI starts
+    needs_terminal("tui", f"for text: memscope report {args.db}")
     try:
         data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
     except ImportError:
@@ -133,7 +148,7 @@ class Foreground:
         with self._lock:
             if not self._closed.is_set():
                 self._closed.set()
-                if self._saved:  # the training is still going
+                if self._saved and not is_quiet():  # the training is still going: say so (not with -q)
                     os.write(self._saved[2], (
                         f"memscope: dashboard closed; the training goes on and memscope waits for it "
                         f"to end (^C interrupts it). Its output so far: {self.log_path}\n").encode())

@@ -17,6 +17,7 @@ from memscope.analysis.summary import summarize
 from memscope.analysis.whatif import Comparison, compare, estimate_for, measure, to_json
 from memscope.cli.errors import CliError
 from memscope.cli.file_options import add_group_readable
+from memscope.cli.progress import info, update
 from memscope.cli.whatif_selective import SelectiveTrial
 from memscope.runners.fix_leak import MIN_STEPS, try_fix_leak
 from memscope.runners.script_estimate import run_recorded
@@ -109,9 +110,13 @@ def run(args: argparse.Namespace) -> int:
     if techniques == ["fix_leak"]:
         return _fix_leak(args, workdir)
 
+    runs = 1 + len(techniques)
+
     def one(label: str, tries: list[str], plan: dict[str, Any] | None = None, **more: Any) -> Any:
         db = os.path.join(workdir, f"whatif-{stem}-{label}.db")
-        print(f"memscope whatif: {label}: {args.steps} steps of {args.script} ...", file=sys.stderr)
+        done = 0 if label == "baseline" else techniques.index(label) + 1
+        info(f"memscope whatif: {label}: {args.steps} steps of {args.script} ...")
+        update(f"run {done + 1} of {runs}: {label}, {args.steps} steps")
         return run_recorded(args.script, args.script_args, db,
                             {**options, "try_techniques": tries, "checkpoint_plan": plan, **more},
                             group_readable=args.group_readable)
@@ -208,8 +213,9 @@ def render(script: str, steps: int, metric: str, comps: list[Comparison], note: 
 def _fix_leak(args: argparse.Namespace, workdir: str) -> int:
     """``--try fix_leak``: baseline with inventories, the leaks' storing lines patched in a copy,
     the copy rerun; what went away and what it saved."""
-    print(f"memscope whatif: fix_leak: {max(args.steps, MIN_STEPS)} steps of {args.script}, then a patched "
-          "copy ...", file=sys.stderr)
+    info(f"memscope whatif: fix_leak: {max(args.steps, MIN_STEPS)} steps of {args.script}, then a patched "
+         "copy ...")
+    update(f"fix_leak: {max(args.steps, MIN_STEPS)} steps of {args.script}, then a patched copy")
     result, last = try_fix_leak(args.script, args.script_args, workdir, args.steps, {},
                                 group_readable=args.group_readable)
     if result is None:

@@ -184,8 +184,9 @@ def _instant(ev: dict[str, Any], ts: float, known: set[int]) -> dict[str, Any]:
 TRACE_TABLES = ("run", "processes", "samples", "cuda_samples", "nvml_samples", "steps", "step_windows", "events")
 
 
-def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
-    """Write the trace JSON object to ``out``; return the number of events written."""
+def write_chrome_trace(reader: RunReader, out: TextIO, progress: Callable[[str], None] | None = None) -> int:
+    """Write the trace JSON object to ``out``; return the number of events written.
+    ``progress`` is told how many events are written, at each write."""
     reader.check_tables(TRACE_TABLES)
     run = reader.run() or {}
     other = {"memscope": __version__, "run_file": reader.path, "command": run.get("command"),
@@ -202,6 +203,8 @@ def write_chrome_trace(reader: RunReader, out: TextIO) -> int:
             out.write(EVENT_SEP)
         write_chunk(out, text)
         n += count
+        if progress is not None:
+            progress(f"{n:,} events written")
 
     for event in chrome_events(reader):
         if isinstance(event, dict):

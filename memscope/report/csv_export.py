@@ -190,7 +190,8 @@ def _sql_cell(column: str) -> str:
             f" WHEN typeof({q}) = 'blob' THEN lower(hex({q})) ELSE {q} END")
 
 
-def write_directory(reader: RunReader, directory: str, group_readable: bool = False) -> dict[str, int]:
+def write_directory(reader: RunReader, directory: str, group_readable: bool = False,
+                    progress: Callable[[str], None] | None = None) -> dict[str, int]:
     """``timeline.csv`` and one CSV per known table into ``directory`` (created 0700, 0750 for
     group read, if missing; its parent must exist). Refuses a ``directory`` that is a file or a
     symbolic link. Returns {file name: data rows}."""
@@ -201,7 +202,8 @@ def write_directory(reader: RunReader, directory: str, group_readable: bool = Fa
     make_dir(directory, group_readable)
     jobs = [Job("timeline.csv", 8 * sum(_rows(reader, t) for t in TIMELINE_TABLES))]
     jobs += [Job(f"{t}.csv", len(reader.columns(t)) * _rows(reader, t)) for t in tables(reader)]
-    return write_files(reader, directory, jobs, f"{__name__}:write_named", group_readable=group_readable)
+    return write_files(reader, directory, jobs, f"{__name__}:write_named", group_readable=group_readable,
+                       progress=progress)
 
 
 def write_named(reader: RunReader, name: str, out: TextIO) -> int:

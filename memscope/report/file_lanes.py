@@ -48,11 +48,13 @@ def cores() -> int:
 
 
 def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str, lanes: int = 0,
-                group_readable: bool = False) -> dict[str, int]:
+                group_readable: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, int]:
     """Write every job's file into ``directory`` with ``writer`` (``module:function``, a
     :data:`Writer`, importable by a child); return {name: data rows}. ``lanes``: 0 one a core
     (at most :data:`MAX_LANES`), 1 one file after the other, in this process (so is a small
-    export, under :data:`ONE_LANE_BELOW`). Files 0600 (0640 with ``group_readable``)."""
+    export, under :data:`ONE_LANE_BELOW`). Files 0600 (0640 with ``group_readable``).
+    ``progress`` is told how many files are written, as each is."""
+    say = progress or (lambda _text: None)
     for job in jobs:
         if os.path.basename(job.name) != job.name or job.name in (".", ".."):  # known tables only; checked anyway
             raise UserError(f"export: refusing to write {job.name!r}: not a plain file name")
@@ -85,11 +87,13 @@ def write_files(reader: RunReader, directory: str, jobs: list[Job], writer: str,
             failed = len(jobs)  # the first failure's place: the files after it are not needed
             for name in shares[0]:  # this process's lane
                 if order[name] < failed:
+                    say(f"{len(done)} of {len(jobs)} files written; writing {name}")
                     try:
                         done[name] = _write_fd(reader, fds.pop(name), _writer(writer), name)
                     except Exception as exc:
                         done[name], failed = exc, order[name]
             for child, share in zip(children, shares[1:]):
+                say(f"{len(done)} of {len(jobs)} files written; waiting for {', '.join(share)}")
                 done.update(_results(child, share, reader, writer, temps, fresh))
         except BaseException as exc:  # a failure here, an interrupt
             stopped = exc

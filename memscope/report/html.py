@@ -136,7 +136,7 @@ def _hotspots(s: RunSummary) -> str:
     """The modules that saved the most for backward, as horizontal bars (their share of the step's
     saved bytes)."""
     if not s.hotspots:
-        hint = profile_hint(s.steps, s.oom.step if s.oom is not None else None)
+        hint = profile_hint(s.steps, s.oom.step if s.oom is not None else None, running=s.status == "running")
         return f'<h2>Hotspots</h2><p class="none">no per-layer profile in this run ({esc(hint)})</p>'
     rows = "".join(
         f'<div class="hbar"><span class="name">{esc(h.module or "(model)")} <small>{esc(h.type)}</small></span>'

@@ -111,8 +111,9 @@ class FakeRunner:
     def __enter__(self) -> "FakeRunner":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        # ^C: end the server and the trial it forked now, not after a trial that may run for minutes
+        self.close(kill=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
 
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
@@ -182,7 +183,7 @@ class FakeRunner:
             lines = []
         return lines[-1] if lines else "no message"
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -192,7 +193,7 @@ class FakeRunner:
         except OSError:
             pass
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=0 if kill else 5)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the server and a trial it forked

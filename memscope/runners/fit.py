@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from memscope.analysis import fit as planning
 from memscope.analysis import sac_plan
@@ -65,16 +65,18 @@ class FitResult:
 
     def as_json(self) -> dict[str, Any]:
         return planning.document(self.budget, self.max_micro_batch,
-                                 self.batch.name if self.batch else None, self.plans)
+                                 self.batch.name if self.batch else None, self.plans, self.allowance)
 
 
 class _Trials:
     """Fake runs of one script, memoised by (batch, techniques, checkpointed blocks)."""
 
     def __init__(self, runner: FakeRunner, script: str, args: Sequence[str], batch: BatchArgument | None,
-                 steps: int, pretend_cuda: bool, budget: int) -> None:
+                 steps: int, pretend_cuda: bool, budget: int,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.runner, self.script, self.args, self.batch = runner, script, list(args), batch
         self.steps, self.pretend_cuda, self.budget = steps, pretend_cuda, budget
+        self.progress = progress
         self.cache: dict[tuple[Any, ...], FakeResult | None] = {}
         self.count = 0
         self.failures: list[str] = []
@@ -91,6 +93,12 @@ class _Trials:
                 self.failures.append(f"stopped after {MAX_TRIALS} fake runs: some plans were not tried")
             return None
         self.count += 1
+        if self.progress is not None:  # the base run is fake run 1
+            what = " + ".join([*techniques, *(["checkpointing"] if checkpoint else []),
+                               *(["selective checkpointing"] if sac is not None else []),
+                               *(["profile"] if profile else [])]) or "as is"
+            at = f"{self.batch.name} {batch}, " if batch is not None and self.batch is not None else ""
+            self.progress(f"fake run {self.count + 1} ({at}{what})")
         args, loader = self.args, None
         if batch is not None and self.batch is not None:
             if self.batch.kind == "option":
@@ -122,7 +130,9 @@ def _flops_per_sample(r: FakeResult, batch: int | None) -> float | None:
 
 def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
         allowance: Allowance | None = None, batch_arg: str | None = None, steps: int = 2,
-        pretend_cuda: bool = True, workdir: str | None = None) -> FitResult:
+        pretend_cuda: bool = True, workdir: str | None = None,
+        progress: Callable[[str], None] | None = None) -> FitResult:
+    """``progress`` is told which fake run is under way."""
     started = time.monotonic()
     allowance = allowance or Allowance()
     usable = allowance.usable(budget)
@@ -130,6 +140,8 @@ def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
         raise UserError(f"fit: a {human_bytes(budget)} GPU leaves nothing for tensors after the "
                         f"{human_bytes(allowance.cuda_context)} CUDA context allowance")
     with FakeRunner(workdir) as runner:
+        if progress is not None:
+            progress("fake run 1 (as is; the first starts python and imports torch)")
         base = runner.run(script, args, steps=steps, gpu_memory=budget, pretend_cuda=pretend_cuda)
         if not base.ok:
             error = base.error or ("completed no training step" if base["status"] == "ended" else "ended early")
@@ -143,7 +155,7 @@ def fit(script: str, args: Sequence[str], budget: int, world_size: int = 1,
         if batch is None:
             notes.append("no batch argument found (an argparse option named like --batch-size, or a "
                          "DataLoader's batch_size): name it with --batch-arg to search the micro-batch")
-        trials = _Trials(runner, script, args, batch, steps, pretend_cuda, budget)
+        trials = _Trials(runner, script, args, batch, steps, pretend_cuda, budget, progress)
         b0 = batch.value if batch else None
         trials.cache[(b0, (), None, None, False)] = base
         points: dict[int, int] = {}
@@ -454,7 +466,14 @@ def describe_techniques(techniques: Sequence[dict[str, Any]]) -> str:
     return " + ".join(words)
 
 
-def run(args: argparse.Namespace) -> int:
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None] = _stderr,
+        progress: Callable[[str], None] | None = None) -> int:
+    """``memscope fit``: ``say`` prints its informational line, ``progress`` is told which fake
+    run is under way (memscope.cli.progress)."""
     script = args.script
     if not script:
         raise UserError("fit: give a script: memscope fit --gpu 24GiB train.py ARGS")
@@ -476,9 +495,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"fit: a {human_bytes(budget)} GPU leaves nothing for tensors after the "
                         f"{human_bytes(allowance.cuda_context)} CUDA context allowance")
     workdir = tempfile.mkdtemp(prefix="memscope-fit-")
-    print(f"memscope fit: fake runs of {script} ...", file=sys.stderr)
+    say(f"memscope fit: fake runs of {script} ...")
     res = fit(script, list(args.script_args or []), budget, args.world_size, allowance,
-              args.batch_arg, pretend_cuda=not args.cpu, workdir=workdir)
+              args.batch_arg, pretend_cuda=not args.cpu, workdir=workdir, progress=progress)
     if not any("(log: " in n for n in res.notes):
         shutil.rmtree(workdir, ignore_errors=True)  # the logs matter only when a trial failed
     if args.json:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from memscope.agent.runtime.config import AgentOptions
 from memscope.errors import UserError as CliError
@@ -343,19 +343,23 @@ def run_measured(script: str, script_args: Sequence[str], workdir: str) -> Scrip
     return est
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point for ``memscope estimate [OPTIONS] SCRIPT.py ARGS`` (args.script, args.script_args)."""
+def run(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> int:
+    """Entry point for ``memscope estimate [OPTIONS] SCRIPT.py ARGS`` (args.script, args.script_args);
+    ``progress`` is told what runs (memscope.cli.progress)."""
+    say = progress or (lambda _text: None)
     script = args.script
     if not os.path.isfile(script):
         raise CliError(f"estimate: no such script: {script}")
     script_args = list(getattr(args, "script_args", None) or [])
     workdir = getattr(args, "db_dir", None) or tempfile.mkdtemp(prefix="memscope-estimate-")
     if getattr(args, "measure", False):
+        say(f"2 real steps of {script} on CPU")
         est = run_measured(script, script_args, workdir)
     else:
         steps = int(getattr(args, "steps", None) or 2)
         if steps < 1:
             raise CliError("estimate: --steps must be at least 1")
+        say(f"a fake run of {script} (python starts and imports torch first)")
         est = run_fake(script, script_args, steps=steps, pretend_cuda=not getattr(args, "cpu", False),
                        workdir=workdir)
         if not getattr(args, "db_dir", None):

@@ -28,7 +28,7 @@ import secrets
 import sqlite3
 import stat
 import time
-from typing import Any
+from typing import Any, Callable
 
 from memscope.safe_files import put_in_place
 from memscope.store.runs import FileId, create_run, discard_run, finish_run, register_process
@@ -60,12 +60,16 @@ def check_target(db: str, force: bool) -> None:
 
 
 def import_snapshot(snapshot_path: str, db: str, force: bool = False,
-                    group_readable: bool = False) -> dict[str, int]:
+                    group_readable: bool = False,
+                    progress: Callable[[str], None] | None = None) -> dict[str, int]:
     """Write ``snapshot_path`` into a new run file ``db`` (0600, 0640 with ``group_readable``);
-    return counts of what was read."""
+    return counts of what was read. ``progress`` is told which part is under way."""
+    say = progress or (lambda _text: None)
     check_target(db, force)
+    say(f"reading {snapshot_path}")
     snap = load_snapshot(snapshot_path)
     try:
+        say("summarising the segments and traces")
         summary = summarize(snap)
     except SnapshotError as exc:
         raise SnapshotError(f"{snapshot_path}: {exc}") from None
@@ -77,6 +81,7 @@ def import_snapshot(snapshot_path: str, db: str, force: bool = False,
     try:
         now = time.time()
         created = create_run(tmp, ["import", snapshot_path], started=now, group_readable=group_readable)
+        say(f"writing {db}")
         _write(tmp, snapshot_path, summary, now)
         _remove_sidecars(db)
         put_in_place(tmp, db, "import: --db")

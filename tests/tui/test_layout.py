@@ -219,7 +219,7 @@ async def test_every_key_is_in_help(peft_run: Path, attached: bool) -> None:
         assert body.size.height == text.count("\n") + 1
     tokens = set(re.split(r"[\s,()]+", text))
     # the views' own keys come from their hints; the help lists those too
-    assert {"LayersView", "LeaksView", "BreakdownView", "DataTable", "Input", "ContentTabs"} <= owners
+    assert {"LayersView", "LeaksView", "BreakdownView", "RowTable", "Input", "ContentTabs"} <= owners
     missing = sorted({(key, shown) for key, shown in keys
                       if shown not in tokens and key not in tokens
                       and not (key.isdigit() and "1-7" in tokens)})

@@ -33,6 +33,7 @@ from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 from memscope.display import shown, shown_text
 from memscope.store.schema import RunFileError
 from memscope_tui.data import HeadSource, Selection, Snapshot, load_snapshot, with_head
+from memscope_tui.interrupt import INTERRUPTED, exit_on_sigint
 from memscope_tui.views import View
 from memscope_tui.views.breakdown import BreakdownView
 from memscope_tui.views.layers import LayersView
@@ -125,7 +126,7 @@ class MemscopeApp(App[int]):
         Binding("m", "next_metric", "Metric", show=False),
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("question_mark", "help", "Help", key_display="?"),
-        # attached: interrupt the training (otherwise Textual's own "press ctrl+q to quit" hint)
+        # attached: interrupt the training; otherwise quit with exit status 130
         Binding("ctrl+c", "ctrl_c", show=False, priority=True),
         *[Binding(str(i), f"view('{tab}')", cls.TITLE, show=False) for i, (tab, cls) in enumerate(VIEWS, 1)],
     ]
@@ -198,6 +199,7 @@ class MemscopeApp(App[int]):
             self._head.close()
 
     def on_mount(self) -> None:
+        exit_on_sigint(self)
         self.sub_title = shown_text(self.db)
         self._poll_timer = self.set_interval(self.poll_s, self._poll, pause=True)
         self._request_head()
@@ -439,8 +441,8 @@ class MemscopeApp(App[int]):
     def action_ctrl_c(self) -> None:
         if self.attached:
             self.action_interrupt_training()
-        else:
-            self.action_help_quit()
+        else:  # quit, as ^C ends any command: exit status 130 (q and ^q: 0)
+            self.exit(return_code=INTERRUPTED)
 
     def action_interrupt_training(self) -> None:
         """ctrl+c while attached: the terminal is in raw mode, so no SIGINT reached anyone. Ask

@@ -36,7 +36,8 @@ from memscope.node.monitor import Monitor, ProcessRow, Snapshot
 from memscope.node.procs import alive
 from memscope.node.target import open_run_files
 from memscope.units import human_bytes
-from memscope_tui.widgets import fill_table, plain, right, state_line
+from memscope_tui.interrupt import INTERRUPTED, exit_on_sigint
+from memscope_tui.widgets import RowTable, fill_table, plain, right, state_line
 
 # (label, key function, column key): cycled with s, most important first
 SORTS: list[tuple[str, Callable[[ProcessRow], Any], str]] = [
@@ -120,6 +121,7 @@ class TopApp(App[int]):
         Binding("d", "detach", "Detach"),
         Binding("s", "sort", "Sort"),
         Binding("r", "refresh_now", "Refresh"),
+        Binding("ctrl+c", "interrupt", show=False, priority=True),  # quit, exit status 130
     ]
 
     class Sampled(Message):
@@ -162,11 +164,12 @@ class TopApp(App[int]):
 
     def compose(self) -> ComposeResult:
         yield Static("sampling…", id="top-caption", classes="line")
-        yield DataTable(id="top-table", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="top-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="top-detail", classes="caption")
         yield Footer()
 
     def on_mount(self) -> None:
+        exit_on_sigint(self)
         self.sub_title = shown(self.source.what)
         self.query_one("#top-table", DataTable).focus()
         self._sample()
@@ -286,6 +289,9 @@ class TopApp(App[int]):
         return self.rows.get(key) if key is not None else None
 
     # -- actions -------------------------------------------------------------------------------
+
+    def action_interrupt(self) -> None:
+        self.exit(return_code=INTERRUPTED)
 
     def action_sort(self) -> None:
         self.sort_index = (self.sort_index + 1) % len(SORTS)

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.cells import cell_len
 from rich.text import Text
+from textual.binding import Binding
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -25,6 +26,16 @@ def bar(share: float, width: int = BAR_CELLS) -> Text:
     full, rest = divmod(eighths, 8)
     body = "█" * full + ("▏▎▍▌▋▊▉"[rest - 1] if rest else "")
     return Text(body.ljust(width))  # no fixed colour: the theme's text colour reads on light and dark
+
+
+class RowTable(DataTable[Any]):
+    """A table of rows (the row cursor): home and end go to the first and last row, as ^home and
+    ^end do and as the help (?) says; in a plain DataTable they scroll sideways."""
+
+    BINDINGS = [
+        Binding("home", "scroll_top", "First row", show=False),
+        Binding("end", "scroll_bottom", "Last row", show=False),
+    ]
 
 
 _WORD = re.compile(r"\S+\s*")

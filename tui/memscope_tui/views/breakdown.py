@@ -16,7 +16,7 @@ from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.plot import Bars, Figure, Plot
 from memscope_tui.views import View
-from memscope_tui.widgets import SelectionChanged, bar, fill_table, keep_figures, right
+from memscope_tui.widgets import RowTable, SelectionChanged, bar, fill_table, keep_figures, right
 
 PARTS = (*BREAKDOWN_PARTS, "leaked", "other")  # leaked: at the peak only, where the run has leaks
 PART_COLORS = {"parameters": "blue", "gradients": "yellow", "optimizer_state": "green", "activations": "magenta",
@@ -36,7 +36,7 @@ class BreakdownView(View):
         yield Static("", id="category-caption", classes="caption")
         yield Plot(id="category-plot")
         yield Static("", id="breakdown-caption", classes="caption")
-        yield DataTable(id="breakdown-table", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="breakdown-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="fragmentation")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:

@@ -16,8 +16,8 @@ from memscope.names import module_label
 from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import (BAR_CELLS, SelectionChanged, bar, cell_text, fill_table, fit_columns, keep_figures,
-                                   plain, right, shorten_cells, table_room)
+from memscope_tui.widgets import (BAR_CELLS, RowTable, SelectionChanged, bar, cell_text, fill_table, fit_columns,
+                                   keep_figures, plain, right, shorten_cells, table_room)
 
 # sort keys, cycled with s: (label, key function, the column it sorts by)
 SORTS: list[tuple[str, Any, str]] = [
@@ -58,7 +58,7 @@ class LayersView(View):
 
     def compose(self) -> ComposeResult:
         yield Static("no layer profile yet", id="layers-caption", classes="line")
-        yield DataTable(id="layer-table", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="layer-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="layer-detail", classes="caption")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:

@@ -17,7 +17,7 @@ from memscope.display import shown, shown_text
 from memscope_tui.data import Snapshot
 from memscope_tui.plot import Curve, Figure, Plot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import (SelectionChanged, fill_table, fit_columns, keep_figures, plain, right,
+from memscope_tui.widgets import (RowTable, SelectionChanged, fill_table, fit_columns, keep_figures, plain, right,
                                    shorten_cells, table_room)
 
 VERDICT_LINES = 5  # the verdicts' share of the view: app.tcss #verdicts max-height (the rest is the diff)
@@ -109,7 +109,7 @@ class LeaksView(View):
         yield Static("", id="verdicts")
         yield Plot(id="leak-plot")
         yield Static("", id="diff-caption", classes="caption")  # wraps to two lines at 80 columns
-        yield DataTable(id="diff", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="diff", cursor_type="row", zebra_stripes=True)
         yield Static("", id="diff-detail", classes="caption")
 
     def show(self, snap: Snapshot, filter_text: str) -> None:

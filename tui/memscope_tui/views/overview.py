@@ -18,7 +18,7 @@ from memscope.units import human_bytes
 from memscope_tui.data import Snapshot
 from memscope_tui.plot import Curve, Figure, Mark, Plot, figure_left
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import StepRuler, fill_table, right
+from memscope_tui.widgets import RowTable, StepRuler, fill_table, right
 
 SERIES_COLORS = ["cyan", "yellow", "green", "blue", "bright_black"]
 TENSORS_COLOR = "magenta"
@@ -110,7 +110,7 @@ class OverviewView(View):
         yield Static("reading run file…", id="caption", classes="line")
         yield Plot(id="timeline")
         yield StepRuler(id="ruler")
-        yield DataTable(id="steps", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="steps", cursor_type="row", zebra_stripes=True)
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
         self.snap, self.filter_text = snap, filter_text

@@ -12,7 +12,7 @@ from memscope.units import human_bytes
 from memscope.display import shown
 from memscope_tui.data import Snapshot
 from memscope_tui.views import View, matches
-from memscope_tui.widgets import fill_table, plain, right
+from memscope_tui.widgets import RowTable, fill_table, plain, right
 
 COLUMNS = [("rank", "rank"), ("host", "host"), ("proc", "proc"), ("steps", "steps"),
            ("peak", "peak"), ("at step", "peak_step"), ("status", "status")]
@@ -23,7 +23,7 @@ class RanksView(View):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="ranks-caption", classes="line")
-        yield DataTable(id="rank-table", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="rank-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, snap: Snapshot, filter_text: str) -> None:
         self.snap, self.filter_text = snap, filter_text
