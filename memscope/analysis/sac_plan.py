@@ -64,6 +64,19 @@ class BlockProfile:
         kept = {n for o in self.ops if o.name in save for n in o.out if self.made[n]}
         return sum(self.sizes[n] for n in kept)
 
+    def carried_bytes(self, save: frozenset[str]) -> int:
+        """What a checkpointed block followed by another block of the container keeps beyond
+        ``kept_bytes``: its output (the last op's storage), where the block saved it itself (it
+        ends in an op that saves its output, a ReLU: ``saved_bytes`` counts it); the next block
+        takes it as its input, which its checkpoint keeps (or its first op saves). A block that
+        ends in a residual add saved no output: 0. The container's last block carries nothing
+        (what follows it is not checkpointed and saved it, if at all, outside the blocks)."""
+        if not self.ops:
+            return 0
+        kept = {n for o in self.ops if o.name in save for n in o.out}
+        return sum(self.sizes[n] for n in set(self.ops[-1].out)
+                   if self.made[n] and n in self.saved and n not in kept)
+
     def recompute_flops(self, save: frozenset[str]) -> int:
         return sum(o.flops for o in self.ops[:self.last_pack] if o.name not in save)
 
@@ -173,8 +186,10 @@ def point(p: BlockProfile, save: frozenset[str] | None, blocks: int | None = Non
     kept = p.kept_bytes(save)
     flops = p.recompute_flops(save) * n
     total = p.forward_flops * p.blocks
+    carried = p.carried_bytes(save) * min(n, p.blocks - 1)
     return Point(label or (f"keep {', '.join(sorted(save))}" if save else "whole-block"), tuple(sorted(save)), n,
-                 kept, kept * n + p.saved_bytes * (p.blocks - n), flops, 100.0 * flops / total if total else 0.0)
+                 kept, kept * n + carried + p.saved_bytes * (p.blocks - n), flops,
+                 100.0 * flops / total if total else 0.0)
 
 
 def curve(p: BlockProfile) -> list[Point]:
@@ -260,10 +275,11 @@ def parse_backward(data: dict[str, Any], p: BlockProfile) -> Backward:
 
 def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Point) -> int:
     """The step's peak under ``plan`` (the first ``j`` blocks checkpointed, each keeping
-    ``kept_bytes`` instead of the ``saved_bytes`` autograd kept: ``drop`` less), from the
-    baseline's peak and its backward windows. The highest of:
+    ``kept_bytes`` instead of the ``saved_bytes`` autograd kept, and its output where the next
+    block takes it: ``carried_bytes``; ``dropped(k)`` is what blocks 0..k-1 drop together), from
+    the baseline's peak and its backward windows. The highest of:
 
-    * the forward's peak, ``drop`` less per checkpointed block; and during checkpointed block
+    * the forward's peak, every checkpointed block's drop less; and during checkpointed block
       k's forward, the live bytes when it began, less the drop of blocks 0..k-1, plus what its
       own tensors take at once (``checkpointed_forward_bytes``);
     * each checkpointed block k's rerun: the live bytes when its backward began, less the drop
@@ -274,20 +290,26 @@ def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Po
       no plan moves."""
     if plan.save is None or plan.blocks == 0:
         return baseline_peak
-    j, drop = plan.blocks, p.saved_bytes - plan.kept_bytes
+    j, save = plan.blocks, frozenset(plan.save)
+    drop, carried = p.saved_bytes - plan.kept_bytes, p.carried_bytes(save)
+
+    def dropped(k: int) -> int:
+        k = min(k, j)
+        return k * drop - carried * min(k, p.blocks - 1)
+
     forward = live.forward_peak if live.forward_peak is not None else baseline_peak
-    rerun = p.rerun_bytes(frozenset(plan.save))
-    inside = p.checkpointed_forward_bytes(frozenset(plan.save))
-    terms = [forward - j * drop]
+    rerun = p.rerun_bytes(save)
+    inside = p.checkpointed_forward_bytes(save)
+    terms = [forward - dropped(j)]
     if inside is not None:
-        terms += [start - k * drop + inside for k, start in enumerate(live.forward_starts[:j])]
+        terms += [start - dropped(k) + inside for k, start in enumerate(live.forward_starts[:j])]
     for k, (start, window) in enumerate(live.blocks):
         if k < j:
-            terms.append(window - k * drop)
+            terms.append(window - dropped(k))
             if rerun is not None:
-                terms.append(start - (k + 1) * drop + rerun)
+                terms.append(start - dropped(k + 1) + rerun)
         else:
-            terms.append(window - j * drop)
+            terms.append(window - dropped(j))
     if baseline_peak > max([forward] + [w for _, w in live.blocks]):
         terms.append(baseline_peak)
     return max(terms)

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from memscope.analysis import sac_plan
 from memscope.analysis.suggestions.facts import ACTIVATION_SHARE, MIN_SHARE, Facts, Suggestion, _b, _working_set, \
     transformers_model
 
@@ -34,6 +35,10 @@ class CheckpointPlan:
     outside: int  # activations outside the blocks (unchanged)
     working: int = 0  # the working set at the peak besides saved tensors (see below)
     held: int = -1  # kept inputs still alive while that segment is back-propagated (-1: all)
+    # the step's live-tensor peak now and once checkpointed, from the blocks' backward windows
+    # the baseline measured (:func:`memscope.analysis.sac_plan.predicted_peak`); None: not measured
+    peak_now: int | None = None
+    peak_after: int | None = None
 
     @property
     def after(self) -> int:
@@ -57,6 +62,14 @@ class CheckpointPlan:
         return self.in_blocks + self.outside + self.working
 
     @property
+    def saving(self) -> int:
+        """The peak's saving: the measured model's where the baseline measured the blocks'
+        backward windows, else ``before - after``."""
+        if self.peak_now is not None and self.peak_after is not None:
+            return self.peak_now - self.peak_after
+        return self.before - self.after
+
+    @property
     def segment_size(self) -> int:
         return 1 if self.mode == "blocks" else len(self.blocks) // self.segments
 
@@ -69,7 +82,7 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
     plan = checkpoint_plan(f)
     if plan is None:
         return []
-    saving = plan.before - plan.after
+    saving = plan.saving
     if saving <= 0 or f.share(saving) < MIN_SHARE:
         return []
     blocks = plan.blocks
@@ -107,11 +120,18 @@ def activation_checkpointing(f: Facts) -> list[Suggestion]:
         f"activations {_b(f.activations)} ({f.share(f.activations):.0%} of {_b(f.tensor_total)} "
         f"of tensors {f.basis}); {len(names)} numbered {kind} children of "
         f"{plan.container or '(model)'} save {_b(plan.in_blocks)} ({f.layer_source}); "
-        f"{shape}: they keep {_b(plan.kept)} of segment inputs; in backward the largest "
-        f"segment comes back ({_b(plan.work)}) with {_b(plan.grads)} of gradients; "
-        f"{_b(plan.outside)} outside the blocks stays"
-        + (f"; working set at the peak {_b(plan.working)}" if plan.working else ""),
-        how)]
+        f"{shape}: " + _peak_words(plan), how)]
+
+
+def _peak_words(plan: CheckpointPlan) -> str:
+    if plan.peak_now is not None and plan.peak_after is not None:
+        return (f"the step's live-tensor peak {_b(plan.peak_now)} becomes {_b(plan.peak_after)}: the "
+                "highest of the forward less what the blocks drop, and each block's backward as "
+                "measured (its recomputed activations and backward transients live again, the "
+                "earlier blocks' kept inputs held)")
+    return (f"they keep {_b(plan.kept)} of segment inputs; in backward the largest segment comes back "
+            f"({_b(plan.work)}) with {_b(plan.grads)} of gradients; {_b(plan.outside)} outside the "
+            "blocks stays" + (f"; working set at the peak {_b(plan.working)}" if plan.working else ""))
 
 
 def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
@@ -142,17 +162,27 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
             blocks.append({"name": n, "type": rows[n]["type"], "saved": saved,
                            "own": int(rows[n]["saved_bytes"] or 0),
                            "output": int(rows[n]["output_bytes"] or 0), "largest": largest,
-                           "inner": any(k.startswith(n + ".") for k in rows)})
+                           "inner": any(k.startswith(n + ".") for k in rows),
+                           "batch_norm": any(str(r["type"] or "").startswith("BatchNorm")
+                                             for k, r in rows.items() if k == n or k.startswith(n + "."))})
         total = sum(b["saved"] for b in blocks)
         if best is None or total > best[2]:
             best = (parent, blocks, total)
     if best is None or best[2] <= 0:
         return None
     parent, blocks, total = best
+    p = f.block_profile
+    if p is not None and p.container == parent and p.blocks == len(blocks):
+        # the block's op profile knows its biggest tensor (N x N attention scores: no module's
+        # output, and a mean of what the attention saved understates them)
+        made = max([size for size, mine in zip(p.sizes, p.made) if mine], default=0)
+        for b in blocks:
+            b["largest"] = max(b["largest"], made)
     outside = max(0, f.activations - total)
     working = _working_set(f)
-    # a block's input is the previous block's output; the first one's is taken as its own output
-    inputs = [blocks[i - 1]["output"] if i else blocks[0]["output"] for i in range(len(blocks))]
+    # a block's input is the previous block's output; the first one's is what its first layer
+    # saved where that is one storage (a convolution's or linear layer's input), else its output
+    inputs = [blocks[i - 1]["output"] if i else _first_input(rows, blocks[0]) for i in range(len(blocks))]
 
     def recomputed(start: int, end: int) -> tuple[int, int]:
         """What backward brings back for the segment blocks[start:end], and its gradients.
@@ -160,13 +190,17 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
         (then it is charged outside the segment), the baseline charged it to the layer in the
         segment that saved it first, and on recompute that layer saves the kept storage again:
         not new memory, so it is taken out (a segment whose first layers save no input, a ReLU,
-        is understated by that much; the forward end usually sets the peak there)."""
+        is understated by that much; the forward end usually sets the peak there). Its
+        backward holds the gradient of a layer's output and the one it computes for its input,
+        twice its biggest tensor; three times where it has a BatchNorm, whose backward makes a
+        normalised copy of its input as well (cnn.py, checkpoint_sequential: 2x was -30%)."""
         saved = sum(b["saved"] for b in blocks[start:end])
         prev = blocks[start - 1] if start else None
         by_producer = prev is not None and prev["output"] > 0 and prev["own"] >= prev["output"]
         if not by_producer:
             saved -= min(inputs[start], saved)
-        return saved, 2 * max(b["largest"] for b in blocks[start:end])
+        copies = 3 if any(b["batch_norm"] for b in blocks[start:end]) else 2
+        return saved, copies * max(b["largest"] for b in blocks[start:end])
 
     def costliest(starts: list[int], size: int) -> tuple[int, int, int]:
         """(inputs held, recomputed bytes, gradients) of the checkpointed segment whose backward
@@ -183,7 +217,7 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
         # repeated blocks (choose_blocks in the agent): each wrapped, all checkpointed
         held, work, grads = costliest(list(range(len(blocks))), 1)
         return CheckpointPlan(parent, blocks, "blocks", len(blocks), sum(inputs), 0,
-                              work, grads, total, outside, working, held)
+                              work, grads, total, outside, working, held, *_measured_peaks(f, parent, len(blocks)))
     container = rows.get(parent)
     if container is None or container["type"] != "Sequential":
         return None  # the trial checkpoints a Sequential's children only
@@ -202,3 +236,30 @@ def checkpoint_plan(f: Facts) -> CheckpointPlan | None:
         if choice is None or plan.after < choice.after:  # a tie keeps fewer segments:
             choice = plan  # (segments - 1) * k layers are recomputed, fewer with fewer segments
     return choice
+
+
+def _first_input(rows: dict[str, dict[str, Any]], block: dict[str, Any]) -> int:
+    """The size of the first block's input: a container's first input is made before it (an
+    image batch of 3 channels ahead of 32-channel maps), and its checkpoint keeps it. The first
+    leaf layer (``.0`` down the block) that saved exactly one storage saved its input (Conv2d,
+    Linear; a ReLU its output, the same size); otherwise the block's output size stands for it."""
+    name = block["name"]
+    while name + ".0" in rows:
+        name += ".0"
+    saved, count = int(rows[name]["saved_bytes"] or 0), int(rows[name]["saved_tensors"] or 0)
+    leaf = name != block["name"] or not block["inner"]
+    if leaf and count == 1 and saved > 0:
+        return min(int(block["output"]), saved) if block["output"] else saved
+    return int(block["output"])
+
+
+def _measured_peaks(f: Facts, container: str, count: int) -> tuple[int | None, int | None]:
+    """The step's peak now and with every block checkpointed, where the run measured the blocks'
+    backward windows (a what-if baseline) of these very blocks: the selective-checkpointing
+    model's whole-block plan (memscope.analysis.sac_plan.predicted_peak), which sees what the
+    saved bytes alone do not: a block's backward transients (the gradients of N x N scores, of a
+    full-size feature map) come back with its recomputed activations."""
+    p, backward = f.block_profile, f.block_backward
+    if p is None or backward is None or f.tensor_peak is None or p.container != container or p.blocks != count:
+        return None, None
+    return f.tensor_peak, sac_plan.predicted_peak(f.tensor_peak, backward, p, sac_plan.point(p, frozenset()))

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis import sac_plan
 from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories
 from memscope.analysis.oom import ABSURD_REQUEST, demand
@@ -78,6 +79,10 @@ class Facts:
     failed_optimizer: dict[str, Any] | None = None
     # class names of the optimizers that stepped in the profiled step, when more than one (a GAN)
     optimizers: list[str] = field(default_factory=list)
+    # one repeated block's op-level profile (``sac_profile`` event: a plain run's block profile,
+    # a what-if baseline's) and, where measured, the blocks' backward windows (``sac_live``)
+    block_profile: sac_plan.BlockProfile | None = None
+    block_backward: sac_plan.Backward | None = None
 
     @property
     def layer_source(self) -> str:
@@ -179,7 +184,20 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  evaluation_saved=int((s.oom.breakdown or {}).get("activations", 0))
                  if at_failure and s.oom is not None and s.oom.evaluation else 0,
                  failed_optimizer=_failed_optimizer(s),
-                 optimizers=_optimizers(reader, proc, s.hotspot_step))
+                 optimizers=_optimizers(reader, proc, s.hotspot_step),
+                 **_block_profile(reader, at_failure))
+
+
+def _block_profile(reader: RunReader, at_failure: bool) -> dict[str, Any]:
+    """``block_profile`` and ``block_backward`` (a damaged event: neither). Not at a failure:
+    the windows were measured in a step that did not fail."""
+    try:
+        found = sac_plan.from_events(reader.events("sac_profile"), reader.events("sac_live"))
+    except ValueError:
+        return {}
+    if found is None:
+        return {}
+    return {"block_profile": found[0], "block_backward": None if at_failure else found[1]}
 
 
 def _failed_optimizer(s: RunSummary) -> dict[str, Any] | None:
