@@ -62,10 +62,12 @@ def test_lru_caches_bounded_and_not() -> None:
 def test_a_suspended_coroutine_and_generator() -> None:
     async def coro(t: torch.Tensor) -> None:
         kept = [t]  # noqa: F841
+        del t  # one path to it (the argument's local was a second, equal one: either could be named)
         await _Never()
 
     def gen(t: torch.Tensor) -> Any:
         box = [t]  # noqa: F841
+        del t
         yield
 
     a, b = torch.ones(5), torch.ones(6)

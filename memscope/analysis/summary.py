@@ -91,6 +91,9 @@ class RunSummary:
     # why the record is incomplete, where it is: recording degraded (the writer's error and from
     # when), the supervisor died, the end was never written, a -wal file holding part of the run
     recording: list[str] = field(default_factory=list)
+    # a measurement the agent took over less than a whole step, or not at all, and why (one line
+    # each: memscope.agent.collectors.measure_budget, peak_step)
+    measured: list[str] = field(default_factory=list)
     # attached to a running process (memscope attach --pid): when it started, when memscope came
     # and went; None for a run memscope launched
     attached: Attached | None = None
@@ -206,6 +209,7 @@ def summarize(reader: RunReader) -> RunSummary:
         techniques=_techniques(reader),
         ranks=ranks,
         recording=recording_notes(reader, run),
+        measured=[str(e["message"]) for e in reader.events() if e["kind"] in _MEASURED_EVENTS and e["message"]],
         attached=attached_of(reader, main),
     )
 
@@ -234,6 +238,9 @@ def _breakdown_at_failure(peak: Peak, oom: OomReport | None, main: int) -> None:
 
 _RECORDING_EVENTS = ("recording_degraded", "recording_recovered", "recording_incomplete",
                      "supervisor_gone", "agent_missing", "agent_failed")
+
+
+_MEASURED_EVENTS = ("measure_bounded", "tensor_peak_skipped")
 
 
 def recording_notes(reader: RunReader, run: dict[str, Any]) -> list[str]:

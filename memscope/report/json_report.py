@@ -37,6 +37,8 @@ def report_from_summary(s: RunSummary) -> dict[str, Any]:
             "status": s.status,
             "dropped": s.dropped,
             "recording": s.recording,
+            # additive: measurements taken over part of a step, or skipped, and why (one line each)
+            "measured": s.measured,
             # additive: techniques attach --try / whatif applied to the script (empty: none)
             "techniques": [{"technique": t["technique"], "applied": t["applied"]} for t in s.techniques],
             # additive: attached to a running process (memscope attach --pid): its pid, when it

@@ -70,6 +70,7 @@ def render_summary(s: RunSummary) -> str:
     lines.append(step_line)
     lines.append(f"samples   {s.samples}" + (f" ({s.dropped} dropped)" if s.dropped else ""))
     lines.extend(f"recording {shown_text(note)}" for note in s.recording)
+    lines.extend(f"measured  {shown_text(note)}" for note in s.measured)
     if s.peak.bytes is None:
         lines.append("peak      -")
     else:

@@ -17,12 +17,20 @@ Not measured (the reading side does without, or has better):
   event ``tensor_peak_skipped`` says why;
 * with per-layer profiling off (no breakdown to read it beside), or where the ``tensor_peak``
   option measures every step already.
+
+Priced as it goes (memscope.agent.collectors.measure_budget): a step whose optimizer evaluates a
+closure again and again (LBFGS) is measured over its first evaluations only, once the
+measurement has cost its share; the event then says over how many of how many
+(``closure_evaluations_measured``, ``closure_evaluations``) and a ``measure_bounded`` event
+gives the report its line.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from memscope.agent.collectors.measure_budget import Measure, bounded_message
 from memscope.agent.collectors.tensor_peak import TensorPeak, dispatch_mode_on_top
 from memscope.agent.runtime.config import AgentOptions
 from memscope.agent.torchcompat.compiled import compile_used
@@ -57,14 +65,17 @@ class PeakStep:
         self.live_tensors = live_tensors  # the registry of live tensors: no gc walk
         self.step = peak_step(host.options)
         self.peak: TensorPeak | None = None
+        self.measure = Measure()
 
-    def step_opening(self, step: int) -> None:
+    def step_opening(self, step: int, trained_s: float = 0.0) -> None:
+        """``trained_s``: the training thread's CPU time so far (the measurement's budget)."""
         if step != self.step or not self.host.running:
             return
         try:
             why = self._skip_reason()
             if why is None:
                 self.peak = TensorPeak(outside_compile=True)  # _skip_reason: never under compile
+                self.measure.start(time.thread_time(), trained_s)
                 self.peak.begin(step, self.live_tensors)
             elif why:
                 self.host.event("tensor_peak_skipped", f"step {step}: live tensor peak not measured: {why}",
@@ -83,7 +94,21 @@ class PeakStep:
             return f"the program's {type(mode).__name__} (a TorchDispatchMode) is active"
         return None
 
-    def step_closed(self, step: int) -> None:
+    def backward_end(self, closure: bool, now: float, backwards: int, closures: int) -> None:
+        """At the end of a backward of the measured step (CPU time ``now``, the tracker's counts
+        so far): stop measuring when a closure evaluation has made it cost its share."""
+        peak = self.peak
+        if peak is None or not peak.active or not self.measure.due_cut(closure, now):
+            return
+        try:
+            self.measure.cut(now, backwards, closures)
+            peak.end()  # its peak and start stay readable for step_closed
+        except Exception as exc:
+            self._failed(exc)
+
+    def step_closed(self, step: int, backwards: tuple[int, int] = (0, 0)) -> None:
+        """``backwards``: the step tracker's counts of the closed step (backward passes, closure
+        evaluations among them)."""
         peak = self.peak
         if peak is None or peak.step is None or step < peak.step:
             if peak is not None and peak.stuck is not None:
@@ -98,11 +123,19 @@ class PeakStep:
                                 "not all seen)", {"step": step, "why": "torch.compile ran during the step"})
             elif step == peak.step:
                 missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
+                data = {"step": step, "peak_bytes": high, "start_bytes": start,
+                        "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted, "one_step": True}
+                over = ""
+                if self.measure.cut_at is not None:
+                    measured = self.measure.cut_at[1]
+                    total = measured + self.measure.unmeasured(*backwards)[1]
+                    data.update(closure_evaluations_measured=measured, closure_evaluations=total)
+                    over = f", over its first {measured} of {total} closure evaluations"
+                    self.host.event("measure_bounded", bounded_message(
+                        step, "the live tensor peak was measured", measured, total, self.measure.cost_at_cut),
+                        {"step": step, "what": "tensor_peak", "measured": measured, "total": total})
                 self.host.event("tensor_peak", f"step {step}: live tensor bytes peaked at {high}{missed} "
-                                               "(one measured step)",
-                                {"step": step, "peak_bytes": high, "start_bytes": start,
-                                 "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted,
-                                 "one_step": True})
+                                               f"(one measured step{over})", data)
             peak.step = None
             if peak.stuck is None:
                 self.peak = None

@@ -56,6 +56,13 @@ class StepTracker:
         self.anchor_pending = False
         self.on_anchor: Callable[[float], None] | None = None
         self._at_backward: list[Callable[[], None]] = []  # jobs for the training thread, see install
+        # outermost backward passes of the step in progress, and those run inside an optimizer's
+        # step() (a closure it evaluates: LBFGS); the closed step's, at its boundary
+        self.backwards = self.closure_backwards = 0
+        self.closed_backwards = (0, 0)
+        # told after each outermost backward (True: it ran inside optimizer.step()); set only
+        # while a step is measured (memscope.agent.collectors.measure_budget)
+        self.on_backward_end: Callable[[bool], None] | None = None
 
     # -- install / remove ----------------------------------------------------------------------
 
@@ -94,7 +101,7 @@ class StepTracker:
                 tracker._backward_depth.n = depth
                 tracker.phase = prev_phase
                 if depth == 0:
-                    tracker._after_backward()
+                    tracker._after_backward(prev_phase == "optimizer")
 
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
         backward.__doc__ = orig.__doc__
@@ -192,7 +199,16 @@ class StepTracker:
             if clock is optimizer:
                 self._close(time.time())
 
-    def _after_backward(self) -> None:
+    def _after_backward(self, in_optimizer: bool) -> None:
+        self.backwards += 1
+        if in_optimizer:
+            self.closure_backwards += 1
+            told = self.on_backward_end
+            if told is not None:
+                try:
+                    told(True)
+                except Exception:  # noqa: BLE001 - never into the training step
+                    pass
         with self._lock:
             self._activity = True
             if self.mode is None:
@@ -205,6 +221,7 @@ class StepTracker:
         if self.anchor_pending:  # attached mid-step: step 0 starts here
             self.anchor_pending = False
             self._activity = False
+            self.backwards = self.closure_backwards = 0
             self.step_start = end
             if self.on_anchor is not None:
                 try:
@@ -214,6 +231,8 @@ class StepTracker:
             return
         step, start = self.step, self.step_start
         self._activity = False
+        self.closed_backwards = (self.backwards, self.closure_backwards)
+        self.backwards = self.closure_backwards = 0
         self.step += 1
         self.step_start = end
         try:

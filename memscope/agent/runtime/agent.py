@@ -31,7 +31,9 @@ from memscope.agent.runtime.config import (
     block_profile_wanted,
     techniques_wanted,
 )
+from memscope.agent.collectors.evaluations import EvaluationWatch
 from memscope.agent.collectors.layers import LayerProfiler
+from memscope.agent.collectors.measure_budget import Measure, bounded_message
 from memscope.agent.collectors.peak_step import PeakStep
 from memscope.agent.collectors.leak_collector import LeakCollector
 from memscope.agent.collectors.oom import OomRecorder, is_oom
@@ -105,7 +107,12 @@ class Agent:
         self._nvml_last = 0.0
         self._layers_enabled = options.layers_every > 0
         self._layers = LayerProfiler(in_optimizer=lambda: self._tracker.phase == "optimizer")
+        # a measured step's cost, priced as it goes (memscope.agent.collectors.measure_budget)
+        self._layers_measure = Measure()
+        self._cpu0: tuple[int, float] | None = None  # (training thread, its CPU time) at the start
         self._leaks = LeakCollector(self, options.inventory_every, options.inventory_budget)
+        self._evaluations_enabled = True
+        self._evaluations = EvaluationWatch(self.models, self._evaluation_event)
         self._last_breakdown: dict[str, Any] | None = None
         self._oom = OomRecorder(self)
         # one step's exact live-tensor peak on CPU (the allocator's on CUDA): for the suggestions
@@ -175,6 +182,7 @@ class Agent:
             self._thread_failed(exc)
             raise
         if self.attach is None:
+            self._cpu0 = (threading.get_ident(), time.thread_time())  # on the training thread
             self._layers_next(0)  # attached: at the first boundary (Attachment.anchored)
 
     def _thread_failed(self, exc: BaseException) -> None:
@@ -235,6 +243,8 @@ class Agent:
             self._tick()  # the last sample
         except Exception:
             pass
+        if self._evaluations_enabled:
+            self._guard_call("evaluations", self._evaluations.finish, time.time(), self._tracker.step)
         self._guard_call("oom", self._oom_finish)
         self._guard_call("compile", compiled_seen.stop)
         self._guard_call("exec", self._exec.remove)
@@ -308,7 +318,9 @@ class Agent:
         if not (self._layers_enabled and self.running and self.options.profiles_layers(step)):
             return
         try:
+            self._layers_measure.start(time.thread_time(), self._trained_cpu())
             self._layers.begin(step)
+            self._tracker.on_backward_end = self._measured_backward
             if self._layers.saved_hooks_error:
                 self.event("warning", f"layers: saved tensors not measured in step {step}: "
                                       f"{self._layers.saved_hooks_error}")
@@ -320,9 +332,18 @@ class Agent:
         if not self._layers.active:
             return
         try:
+            cut = self._layers.cut_short
+            if cut:  # the closure evaluations after the cut ran unprofiled: counted still
+                self._layers.count_unprofiled(*self._layers_measure.unmeasured(*self._tracker.closed_backwards))
             rows = self._layers.end()
             if self._layers.step != step:
                 return  # hooks installed for a step that never ran as such
+            if cut and self._layers_measure.cut_at is not None:
+                measured = self._layers_measure.cut_at[1]
+                total = measured + self._layers_measure.unmeasured(*self._tracker.closed_backwards)[1]
+                self.event("measure_bounded", bounded_message(step, "layers were profiled", measured, total,
+                                                              self._layers_measure.cost_at_cut),
+                           {"step": step, "what": "layers", "measured": measured, "total": total})
             for r in rows:
                 self._writer.insert("layer_stats", {
                     "proc": self.proc_id, "step": step, "module": r.name, "type": r.type,
@@ -353,6 +374,25 @@ class Agent:
         except Exception as exc:
             self._layers_failed(exc)
 
+    def _measured_backward(self, closure: bool) -> None:
+        """The end of a backward in a measured step (on the training thread): a measurement
+        that has cost its share stops for the rest of the step (measure_budget)."""
+        tracker = self._tracker
+        now = time.thread_time()
+        if self._layers.active and not self._layers.cut_short and self._layers_measure.due_cut(closure, now):
+            self._layers_measure.cut(now, tracker.backwards, tracker.closure_backwards)
+            self._layers.cut()
+        if self._peak.peak is not None:
+            self._peak.backward_end(closure, now, tracker.backwards, tracker.closure_backwards)
+
+    def _trained_cpu(self) -> float:
+        """The training thread's CPU seconds since recording began (0: another thread began it,
+        or it is not known yet: a measurement then gets its allowance alone)."""
+        start = self._cpu0
+        if start is None or start[0] != threading.get_ident():
+            return 0.0
+        return time.thread_time() - start[1]
+
     def _layers_stop(self) -> None:
         try:
             if self._layers.active:
@@ -374,6 +414,8 @@ class Agent:
 
     def steps_anchored(self) -> None:
         """Attached to a running process: the first step boundary was seen, step 0 begins."""
+        if self._cpu0 is None:
+            self._cpu0 = (threading.get_ident(), time.thread_time())
         self._layers_next(0)
 
     def __repr__(self) -> str:
@@ -452,6 +494,8 @@ class Agent:
         if self._writer.insert("samples", {"proc": self.proc_id, "t": t, "step": step,
                                            "phase": self._tracker.phase, "rss": rss}):
             self.samples += 1
+        if self._evaluations_enabled:
+            self._guard("evaluations", lambda now: self._evaluations.observe(now, step), t)
         if self._cuda_enabled:
             self._guard("cuda", self._tick_cuda, t)
         if self._nvml_enabled and self._cuda_devices and t - self._nvml_last >= self.options.nvml_interval:
@@ -535,14 +579,19 @@ class Agent:
         # Every part is called only when it has work, each asked through an attribute: on steps
         # of ~1 ms the boundary runs 2,000 times a run, with the caches cold after the step's
         # own work (the same code costs about three times what it does in a loop)
+        tracker = self._tracker
+        if tracker.on_backward_end is not None:
+            tracker.on_backward_end = None  # set again below when the next step is measured
         peak = self._peak
         if peak.peak is not None:
-            peak.step_closed(step)  # first: the boundary's own tensor work is not the step's
+            peak.step_closed(step, tracker.closed_backwards)  # first: the boundary's tensor work is not the step's
         profiled = self._layers.active
         if profiled:
             self._step_part("layers", self._layers_close, step)
         if step == 0:  # by the first boundary the trainer driving the loop is imported
             self._guard_call("framework", self._note_framework)
+        if self._evaluations.in_progress:
+            self._guard_call("evaluations", self._evaluations.boundary, end, step)
         if self._boundary_sample_due():
             self._step_part("sample", self._tick, False)
         hwm = rss_high_water_mark()
@@ -577,7 +626,9 @@ class Agent:
         if profile_next:
             self._layers_next(step + 1)
         if peak.step == step + 1:
-            peak.step_opening(step + 1)  # last: nothing of the boundary's own runs under its mode
+            peak.step_opening(step + 1, self._trained_cpu())  # last: nothing of the boundary's runs under its mode
+            if peak.peak is not None:
+                tracker.on_backward_end = self._measured_backward
         if self.attach is not None:
             self.attach.step_closed(step)  # a detach asked for happens here, on the training thread
 
@@ -696,6 +747,14 @@ class Agent:
                                        "step": self._tracker.step, "kind": kind,
                                        "message": message,
                                        "data": json.dumps(data) if data is not None else None})
+
+    def _evaluation_event(self, start: float, end: float, first: int | None, last: int | None,
+                          model: str) -> None:
+        """An evaluation, at its start on the timeline (its end in the data, as marks read it)."""
+        self._writer.insert("events", {
+            "proc": self.proc_id, "t": start, "step": first, "kind": "evaluation",
+            "message": f"evaluation: {model} in eval mode for {end - start:.2f} s (from step {first})",
+            "data": json.dumps({"end": end, "last_step": last, "model": model})})
 
     def _finish_process_row(self, status: str = "stopped") -> None:
         """The process row's last word. Never into a file that is no longer the run's; while

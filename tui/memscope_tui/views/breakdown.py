@@ -18,9 +18,9 @@ from memscope_tui.plot import Bars, Figure, Plot
 from memscope_tui.views import View
 from memscope_tui.widgets import SelectionChanged, bar, fill_table, keep_figures, right
 
-PARTS = (*BREAKDOWN_PARTS, "other")
+PARTS = (*BREAKDOWN_PARTS, "leaked", "other")  # leaked: at the peak only, where the run has leaks
 PART_COLORS = {"parameters": "blue", "gradients": "yellow", "optimizer_state": "green", "activations": "magenta",
-               "other": "bright_black"}
+               "leaked": "red", "other": "bright_black"}
 LEAK_COLORS = ["red", "bright_red"]
 
 
@@ -62,13 +62,16 @@ class BreakdownView(View):
         total_peak = sum(at_peak.values()) if at_peak else 0
         total_step = sum(bd.parts.values()) if bd else 0
         for part in PARTS:
+            if part == "leaked" and not (at_peak and at_peak.get("leaked")):
+                continue  # nothing leaked at the peak: no row
             v = at_peak.get(part) if at_peak else None
             share = (v or 0) / total_peak if total_peak else 0.0
             cells: list[Any] = [part.replace("_", " "), right(human_bytes(v)),
                                 right(f"{share:.0%}" if at_peak else "-"), bar(share)]
             if bd is not None:
-                w = bd.parts[part]
-                cells += [right(human_bytes(w)), right(f"{w / total_step:.0%}" if total_step else "-")]
+                w = bd.parts.get(part)  # a profiled step's own parts: no "leaked"
+                share2 = f"{w / total_step:.0%}" if total_step and w is not None else "-"
+                cells += [right(human_bytes(w)), right(share2)]
             rows.append((part, cells))
         fill_table(self.query_one("#breakdown-table", DataTable), columns, rows, self.drawn, "breakdown")
         frag = snap.fragmentation

@@ -60,6 +60,7 @@ class LayerProfiler:
 
     def __init__(self, in_optimizer: Callable[[], bool] | None = None) -> None:
         self.active = False
+        self.cut_short = False  # the rest of the step runs unprofiled (:meth:`cut`)
         self.step: int | None = None
         self.saved_hooks_error: str | None = None
         self._local = threading.local()
@@ -71,7 +72,7 @@ class LayerProfiler:
         self._hooks = ModuleHooks(self._pre, self._post, self._names.models, self._is_active)
 
     def _is_active(self) -> bool:
-        return self.active
+        return self.active and not self.cut_short
 
     # -- what the agent reads ------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class LayerProfiler:
 
     def begin(self, step: int) -> None:
         self.step = step
+        self.cut_short = False
         self._micro.reset()
         self._names.new_step()
         self._saved.reset()
@@ -129,6 +131,20 @@ class LayerProfiler:
         self.active = True
         self._hooks.install()
         self.saved_hooks_error = self._saved.install()
+
+    def cut(self) -> None:
+        """Stop profiling the rest of the step (memscope.agent.collectors.measure_budget: a
+        closure the optimizer evaluates again): every hook off now, on the training thread at
+        the end of a backward; :meth:`end` gives the rows of the micro-batches profiled."""
+        self.cut_short = True
+        self._hooks.remove()
+        self._backward.remove()
+        self._saved.remove_if_top()
+
+    def count_unprofiled(self, micro_batches: int, closure_forwards: int) -> None:
+        """Micro-batches of the step that ran after :meth:`cut` (counted by the step tracker)."""
+        self._micro.count += micro_batches
+        self._micro.closure_forwards += closure_forwards
 
     def end(self) -> list[ModuleStats]:
         """Remove every hook and return the step's per-module rows (most saved bytes first)."""

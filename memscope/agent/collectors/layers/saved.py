@@ -111,6 +111,18 @@ class SavedTensors:
             self._ctx = None
             self._thread = None
 
+    def remove_if_top(self) -> None:
+        """Leave the hooks now when they are on top of this thread's stack (a step whose rest is
+        not profiled); under the script's own they stay, inert, until :meth:`remove`."""
+        if self._ctx is None or self._thread != threading.get_ident():
+            return
+        try:
+            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        except Exception:
+            return
+        if top is not None and top[0] == self._pack:
+            self.remove()
+
     def forget(self) -> None:
         """End of the step: dropping the weakrefs drops their callbacks (``max_live`` stays)."""
         self._live = {}
