@@ -216,7 +216,7 @@ def test_checkpointing_plan_against_a_checkpointed_run(runs: Any) -> None:
     measured = breakdown(ckpt)["activations"]
     assert abs((plan.kept + plan.outside) - measured) <= 0.05 * measured, (plan, measured)
     est = by_technique(suggestions(plain))["activation_checkpointing"].estimated_saving_bytes
-    assert est == facts.activations - plan.after
+    assert est == plan.peak_now - plan.after.bytes  # the peak now less the peak once checkpointed
     assert est < breakdown(plain)["activations"] - measured
 
 
@@ -264,8 +264,14 @@ def test_report_json_text_and_oom_carry_suggestions(runs: Any, tmp_path: Path) -
     db = runs("mlp", str(SCENARIOS / "mlp.py"))
     doc = report_json(db)
     items = doc["suggestions"]
-    assert items and all(set(x) == {"technique", "estimated_saving_bytes", "evidence", "how"}
+    assert items and all(set(x) == {"technique", "estimated_saving_bytes", "evidence", "how", "peak"}
                          for x in items)
+    # the peak a figure is modelled from (checkpointing: before, after, where, its parts), else null
+    (ckpt,) = [x for x in items if x["technique"] == "activation_checkpointing"]
+    peak = ckpt["peak"]
+    assert peak["before_bytes"] - peak["after_bytes"] == ckpt["estimated_saving_bytes"]
+    assert sum(p["bytes"] for p in peak["parts"]) == peak["after_bytes"] and peak["timeline"] == "modelled"
+    assert all(x["peak"] is None for x in items if x["technique"] in ("mixed_precision", "gradient_accumulation"))
     assert [x["estimated_saving_bytes"] for x in items] == sorted(
         (x["estimated_saving_bytes"] for x in items), reverse=True)
     assert all(isinstance(x["estimated_saving_bytes"], int) and x["technique"] in ALL for x in items)

@@ -32,10 +32,13 @@ class Suggestion:
     estimated_saving_bytes: int
     evidence: str
     how: str
+    # the peak the figure is computed from, where it is modelled (activation_checkpointing:
+    # memscope.analysis.suggestions.checkpointing.CheckpointPlan.as_json); None elsewhere
+    peak: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"technique": self.technique, "estimated_saving_bytes": self.estimated_saving_bytes,
-                "evidence": self.evidence, "how": self.how}
+                "evidence": self.evidence, "how": self.how, "peak": self.peak}
 
 
 @dataclass
