@@ -64,6 +64,8 @@ class Facts:
     tensor_peak: int | None = None
     # of the step's starting .grad bytes, those still live at that peak (None: files from before)
     peak_grads: int | None = None
+    # the step's phase when it peaked: forward, backward, optimizer, other (None: files from before)
+    peak_phase: str | None = None
     oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
     layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
@@ -179,6 +181,7 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
                  tensor_peak=tensor_peak, oom_allocator=oom_alloc,
                  peak_grads=int(grads_at_peak) if isinstance(grads_at_peak, int) else None,
+                 peak_phase=top.get("phase") if isinstance(top.get("phase"), str) else None,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
                  attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
