@@ -142,11 +142,13 @@ def peak_after(peak: int, live: Backward, regions: Sequence[Region]) -> PeakAfte
                            ("its own tensors at once, checkpointed", r.inside))))
     for k, (start, window) in enumerate(live.blocks[:n]):
         r = regions[k]
-        beside = start - r.output - r.saved - r.held - dropped(k) - r.extra  # and the regions before it
+        beside = start - r.output - r.saved - r.held - dropped(k)  # and the regions before it
         if r.checkpointed:
             terms.append((start - dropped(k) - r.rerun_drop + r.rerun, f"{r.name}'s recompute",
                           _parts(beside, r, (RERUN, r.rerun))))
-        terms.append((window - dropped(k), f"{r.name}'s backward",
+        # its checkpoint holds an input the baseline let go until its backward is done
+        extra = r.extra if r.checkpointed else 0
+        terms.append((window - dropped(k) + extra, f"{r.name}'s backward",
                       _parts(beside, r, ("its backward's transients: the gradients it makes", window - start))))
     if peak > max([forward] + [w for _, w in live.blocks]):
         terms.append((peak, "outside the checkpointed regions (the optimizer step)", (("the peak now", peak),)))
@@ -159,7 +161,8 @@ def _parts(beside: int, r: Region, extra: tuple[str, int]) -> tuple[tuple[str, i
     outside the regions, the inputs and kept tensors of the regions before it), the region's
     input, what it keeps (its rerun then brings the rest back) or its saved tensors, the
     gradient of its output, and ``extra``."""
-    mine = ("its input and what it keeps", r.held + r.extra + r.kept) if extra[0] == RERUN else \
-        ("its input and its saved tensors, recomputed", r.held + r.extra + r.saved)
+    held = r.held + (r.extra if r.checkpointed else 0)
+    mine = ("its input and what it keeps", held + r.kept) if extra[0] == RERUN else \
+        ("its input and its saved tensors, recomputed", held + r.saved)
     return (("beside it: model state, activations saved outside the regions, what the regions before it keep",
              beside), mine, ("the gradient of its output", r.output), extra)
