@@ -28,7 +28,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 import pytest
@@ -240,22 +240,26 @@ def _figures(db: str | Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def project(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Any]]:
     """name -> ``memscope whatif --json`` of the script (two steps: step 0 warms up, step 1 is
     measured), with the suggestions of its baseline (``"baseline"``) and of the plain attach
-    run at the defaults (``"plain"``) by technique."""
-    out = {}
-    for name, (command, tried, (options, plain)) in PROJECT.items():
-        work = tmp_path_factory.mktemp("peak")
-        done = memscope("whatif", "--json", "--steps", "2", "--db-dir", str(work), "--try", ",".join(tried),
-                        *command, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        doc = json.loads(done.stdout)
-        db, ran = shared_attach(tmp_path_factory, options, plain, timeout=300)
-        assert ran.returncode == 0, ran.stderr[-2000:]
-        doc["figures"] = {"baseline": _figures(doc["baseline"]["db"]), "plain": _figures(db)}
-        out[name] = doc
-    return out
+    run at the defaults (``"plain"``) by technique; each made once, when a test first asks."""
+    made: dict[str, dict[str, Any]] = {}
+
+    def get(name: str) -> dict[str, Any]:
+        if name not in made:
+            command, tried, (options, plain) = PROJECT[name]
+            work = tmp_path_factory.mktemp("peak")
+            done = memscope("whatif", "--json", "--steps", "2", "--db-dir", str(work), "--try", ",".join(tried),
+                            *command, timeout=600)
+            assert done.returncode == 0, done.stderr[-2000:]
+            doc = json.loads(done.stdout)
+            db, ran = shared_attach(tmp_path_factory, options, plain, timeout=300)
+            assert ran.returncode == 0, ran.stderr[-2000:]
+            doc["figures"] = {"baseline": _figures(doc["baseline"]["db"]), "plain": _figures(db)}
+            made[name] = doc
+        return made[name]
+    return get
 
 
 def _rows(doc: dict[str, Any]) -> list[tuple[str, str, int | None, int]]:
@@ -279,13 +283,13 @@ def test_every_figure_is_within_20_percent_of_whatif(project: Any, name: str) ->
     CNN blocks +40%, resnet +11%; the plain runs' selective_checkpointing figure was the
     activation bytes the plan keeps less (attention scores +84%, tiny_gpt +18%)."""
     checked = 0
-    for run, technique, figure, measured in _rows(project[name]):
+    for run, technique, figure, measured in _rows(project(name)):
         if measured < MIN_SAVING:
             assert figure is None, (run, technique, figure, measured)
             continue
         assert figure is not None and abs(figure - measured) <= ACCURACY * measured, (run, technique, figure, measured)
         checked += 1
-    assert checked, project[name]["trials"]
+    assert checked, project(name)["trials"]
 
 
 def test_checkpointing_states_the_peak_after_with_its_parts(project: Any) -> None:
@@ -294,18 +298,18 @@ def test_checkpointing_states_the_peak_after_with_its_parts(project: Any) -> Non
     it. A whatif baseline measured the blocks' backward; a plain run's is modelled."""
     for name in ("attention scores", "CNN blocks"):
         for run, timeline in (("baseline", "measured"), ("plain", "modelled")):
-            s = project[name]["figures"][run]["activation_checkpointing"]
+            s = project(name)["figures"][run]["activation_checkpointing"]
             peak = s.peak
             assert peak["timeline"] == timeline, peak
             assert peak["before_bytes"] - peak["after_bytes"] == s.estimated_saving_bytes
             assert sum(p["bytes"] for p in peak["parts"]) == peak["after_bytes"]
             assert f"becomes {human_bytes(peak['after_bytes'])}" in s.evidence and peak["at"] in s.evidence
     # the attention's new peak is its last block's recompute: its scores are live again
-    peak = project["attention scores"]["figures"]["plain"]["activation_checkpointing"].peak
+    peak = project("attention scores")["figures"]["plain"]["activation_checkpointing"].peak
     assert peak["at"] == "blocks.1's recompute", peak
     rerun = next(p["bytes"] for p in peak["parts"] if p["part"].startswith("its recompute"))
     assert rerun > 0.6 * peak["after_bytes"], peak
-    seq = project["cnn.py"]["figures"]["plain"]["activation_checkpointing"]
+    seq = project("cnn.py")["figures"]["plain"]["activation_checkpointing"]
     assert "checkpoint_sequential" in seq.how and "segment" in seq.peak["at"], seq.peak
 
 
@@ -314,7 +318,7 @@ def test_selective_checkpointing_is_the_same_model_as_whatifs_prediction(project
     less the peak whatif predicts for the plan it tries (memscope.cli.whatif_selective), and
     whole-block checkpointing's is the same model's for no op kept."""
     for name in ("attention scores", "tiny_gpt"):
-        doc = project[name]
+        doc = project(name)
         sel = doc["selective_checkpointing"]
         figure = doc["figures"]["baseline"]["selective_checkpointing"].estimated_saving_bytes
         assert figure == sel["baseline_peak_bytes"] - sel["predicted_peak_bytes"], sel

@@ -203,3 +203,23 @@ def test_the_plan_is_printed_as_code_that_runs() -> None:
     assert policy(None, torch.ops.aten.mm.default) == CheckpointPolicy.MUST_SAVE
     assert policy(None, torch.ops.aten.bmm.default) == CheckpointPolicy.MUST_SAVE
     assert policy(None, torch.ops.aten.gelu.default) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_a_modelled_timeline_holds_each_blocks_inputs_gradients_and_transients() -> None:
+    """Where a run did not measure its blocks' backward (a plain run), the timeline is modelled:
+    block k's backward begins with what is beside the blocks, what blocks 0..k saved and their
+    inputs, and the gradient of its output, less the gradients not made yet (its own and the
+    blocks' before it, up to those freed before the peak); it adds its transients and its own
+    gradients. Its forward begins without those gradients and without the model's output."""
+    from memscope.analysis.checkpoint_peak import Region, modelled_backward, peak_after
+
+    blocks = [Region(f"b{k}", saved=400, kept=0, rerun=500, transient=300, held=50, output=50, params=100)
+              for k in range(2)]
+    tl = modelled_backward(2000, 1000, blocks, unmade=150, after=80)
+    assert tl.blocks == ((1000 + 450 + 50 - 100, 1400 + 300 + 100), (1000 + 900 + 50 - 150, 1800 + 300 + 100))
+    assert tl.forward_starts == (1000 - 150 - 80 + 50, 1000 - 150 - 80 + 450 + 50) and not tl.measured
+    after = peak_after(2000, tl, blocks)
+    # block 0's backward: its window, nothing dropped before it; block 1's less block 0's 400;
+    # the recomputes (start - what the block drops + its rerun) and the forward's end are lower
+    assert (after.bytes, after.at) == (1800, "b0's backward") and after.dropped == 800
+    assert sum(b for _, b in after.parts) == after.bytes
