@@ -14,7 +14,7 @@ import re
 INSTALL = 'pip install "torch-memscope[tui]"'
 # the tui extra's lower bound in pyproject.toml (tests/test_packaging.py keeps the two equal;
 # tests/test_lowest_bounds.py runs the dashboard's tests with it)
-TEXTUAL_MIN = "8.2.8"
+TEXTUAL_MIN = "8.2.7"
 
 
 def missing() -> str | None:
