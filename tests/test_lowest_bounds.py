@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from packaging_venvs import clean_env, new_venv, pip, run, shared_build, venv_with_torch
 from shared_runs import shared_dir
@@ -72,7 +73,7 @@ def lowest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_reader_and_dashboard_tests_pass_with_the_lowest_bounds(lowest: Path, tmp_path: Path) -> None:
     versions = run(lowest, "python", "-c", "from importlib.metadata import version as v; "
                    "print(v('textual'), v('sqlite-utils'))", cwd=tmp_path).stdout.split()
-    assert versions == [lower_bound("textual"), lower_bound("sqlite-utils")]
+    assert [Version(v) for v in versions] == [Version(lower_bound("textual")), Version(lower_bound("sqlite-utils"))]
     # --basetemp: its own (pytest would otherwise prune other sessions' numbered directories)
     res = run(lowest, "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "inner"),
               *DASHBOARD, *READERS, cwd=ROOT, timeout=540)
