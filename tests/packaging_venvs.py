@@ -90,7 +90,9 @@ def build(out_dir: Path, root: Path = ROOT) -> tuple[Path, Path]:
             shutil.copy2(root / rel, copy / rel)
         sdist = _hook("build_sdist", copy, out_dir)
         with tarfile.open(sdist) as tar:
-            tar.extractall(Path(tmp) / "unpacked", filter="data")
+            # the "data" filter (no links out, no device files) where this Python has it
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(Path(tmp) / "unpacked", **safe)
         (unpacked,) = (Path(tmp) / "unpacked").iterdir()
         wheel = _hook("build_wheel", unpacked, out_dir)
     return sdist, wheel
