@@ -195,7 +195,6 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int]
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            wait = min(WAIT_S, max(0.01, tick(pid)))
             # a profiler or debugger attached to this supervisor (py-spy, gdb) wakes the wait
             # with si_signo 0: nothing to forward (os.kill raised EINVAL there)
             if info is not None and info.si_signo in _FORWARDED:
@@ -205,6 +204,7 @@ def _run_linux(command: Sequence[str], env: dict[str, str], tick: Callable[[int]
                         os.kill(pid, info.si_signo)
                     except ProcessLookupError:
                         pass
+            wait = min(WAIT_S, max(0.01, tick(pid)))  # after forwarding: a tick may import for a while
         child.returncode = 0  # reaped above: Popen must not wait for it again
         ended = time.time()
         # Drain what arrived meanwhile, so unblocking does not raise KeyboardInterrupt here.

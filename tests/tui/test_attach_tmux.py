@@ -7,6 +7,7 @@ send-keys, as a user would. Each test gets its own tmux server (-L), killed at t
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -125,6 +126,11 @@ def test_quitting_the_dashboard_leaves_training_running(pane: Pane, tmp_path: Pa
     assert run_status(db) == ("finished", 120)
 
 
+def _steps_shown(screen: str) -> str | None:
+    found = re.search(r"(\d+) steps", screen)
+    return found.group(1) if found else None
+
+
 def test_ctrl_c_in_the_dashboard_interrupts_training(pane: Pane, tmp_path: Path) -> None:
     """The training (no optimizer: Python dies of the SIGINT; with torch._dynamo imported it
     would exit 1, memscope or not) ends by the interrupt: memscope exits 130, as a headless
@@ -132,9 +138,17 @@ def test_ctrl_c_in_the_dashboard_interrupts_training(pane: Pane, tmp_path: Path)
     db = tmp_path / "loop.db"
     pane.start(attach_command(db, "tests/scripts/loop.py", "--mode", "backward", "--steps", "2000",
                               "--sleep", "0.05"))
-    pane.wait_for(lambda s: "live" in s and " steps" in s, what="the live dashboard")
+    first = pane.wait_for(lambda s: "live" in s and " steps" in s, what="the live dashboard")
+    # a refresh after the first frame: the app's loop is reading keys (under load the first
+    # frame can come well before the loop settles)
+    pane.wait_for(lambda s: _steps_shown(s) not in (None, _steps_shown(first)), what="a refresh")
     pane.keys("C-c")
-    screen = pane.wait_for(lambda s: "interrupted (" in s, what="the interrupted state")
+    time.sleep(1.0)
+    told = pane.screen()  # the notification lasts 5 s: kept, so a failure says which side lost the ^C
+    try:
+        screen = pane.wait_for(lambda s: "interrupted (" in s, what="the interrupted state")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\none second after ^C the screen was:\n{told}") from None
     assert "MEMSCOPE_EXIT" not in screen  # the dashboard stays
     pane.keys("q")
     screen = pane.wait_for(lambda s: "MEMSCOPE_EXIT=" in s, what="memscope to exit")
