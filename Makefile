@@ -5,16 +5,22 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.memscope-installed
 TSTAMP := $(VENV)/.memscope-test-installed
 
-.PHONY: install demo test test-deps lint checks docs bench gpu-check clean bytecode screenshots
+.PHONY: install demo test test-deps lint checks docs dist bench gpu-check clean bytecode screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch is the user's own: install the pinned CPU build only when the venv has none, and never
 # let installing memscope replace it (torch is not among memscope's requirements).
-$(STAMP): $(BIN)/python pyproject.toml tui/pyproject.toml
+# The dev tools are pyproject's dependency group `dev` (PEP 735, never published): pip installs a
+# group from 25.1 on (--group), and a venv's own pip is older (Python 3.11's: 23.2), so the
+# venv's pip is brought up to it first. The dashboard is the `tui` extra of the one distribution
+# (a venv made before that has the old memscope-tui distribution: removed).
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q "pip>=25.1"
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q --no-compile "torch==2.13.0" numpy
-	$(BIN)/python -m pip install -q --no-compile -e ".[test]" -e ./tui
+	! $(BIN)/python -m pip show -q memscope-tui 2>/dev/null || $(BIN)/python -m pip uninstall -q -y memscope-tui
+	$(BIN)/python -m pip install -q --no-compile -e ".[tui]" --group dev
 	$(SITE_COMPILE)
 	$(COMPILE)
 	touch $(STAMP)
@@ -43,9 +49,14 @@ install: $(STAMP)
 # only, with the venv's own torch pinned as a constraint so neither can replace it.
 $(TSTAMP): $(STAMP)
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
-	$(BIN)/python -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[test,integrations]"
+	$(BIN)/python -m pip install -q --no-compile -c $(VENV)/torch-constraint.txt -e ".[tui,integrations]" --group dev
 	$(SITE_COMPILE)
 	touch $(TSTAMP)
+
+# the sdist and the wheel into dist/, as tests/test_packaging.py builds them (the sdist from the
+# files git sees, the wheel from the unpacked sdist; nothing written into the checkout)
+dist: $(STAMP)
+	$(BIN)/python tests/packaging_venvs.py dist
 
 demo: install
 	$(BIN)/memscope attach --headless --force --db demo.db examples/tiny_gpt.py --steps 30

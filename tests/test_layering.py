@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR = {"memscope", "memscope.units", "memscope.constants", "memscope.errors", "memscope.names",
          "memscope.display", "memscope.quiet_thread", "memscope.turns", "memscope.redact",
-         "memscope.safe_files"}
+         "memscope.safe_files", "memscope.name_clash"}
 
 # part -> the memscope parts its modules may import (besides the floor and themselves)
 ALLOWED: dict[str, set[str]] = {
@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
 # modules that import nothing of memscope above the floor
 FLOOR_ONLY = {"memscope.units", "memscope.constants", "memscope.errors", "memscope.names",
               "memscope.display", "memscope.quiet_thread", "memscope.turns", "memscope.redact",
-              "memscope.safe_files"}
+              "memscope.safe_files", "memscope.name_clash"}
 
 
 def _module_name(path: Path) -> str:

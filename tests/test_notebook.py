@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="pip install nbformat nbclient ipykernel (test extras)")
-nbclient = pytest.importorskip("nbclient", reason="pip install nbclient ipykernel (test extras)")
+nbformat = pytest.importorskip("nbformat", reason="pip install nbformat nbclient ipykernel (dev group: make install)")
+nbclient = pytest.importorskip("nbclient", reason="pip install nbclient ipykernel (dev group: make install)")
 
 TRAIN = """
 import memscope, torch

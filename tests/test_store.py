@@ -118,6 +118,19 @@ def test_reader_is_read_only_and_sees_live_writes(tmp_path: Path) -> None:
         assert reader.processes()[0]["status"] == "lost"  # it never said goodbye
 
 
+def test_reader_offers_the_file_to_sqlite_utils() -> None:
+    """``reader.db``: the run file as a sqlite-utils Database for ad-hoc queries (the one use of
+    sqlite-utils; tests/test_lowest_bounds.py runs this with the lowest version it allows)."""
+    fixture = Path(__file__).parent / "tui" / "data" / "leaky.sqlite"
+    with RunReader(fixture) as reader:
+        assert {"run", "steps", "samples", "events"} <= set(reader.db.table_names())
+        rows = list(reader.db["steps"].rows_where("status = ?", ["ok"], order_by="step"))
+        assert [r["step"] for r in rows] == [s["step"] for s in reader.steps() if s["status"] == "ok"]
+        assert reader.db["samples"].count == reader.sample_count()
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader.db["steps"].delete_where()
+
+
 def test_reader_opens_paths_with_odd_characters(tmp_path: Path) -> None:
     db = tmp_path / "a run #1?.db"
     new_run(db)

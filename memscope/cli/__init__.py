@@ -9,12 +9,17 @@ import sqlite3
 import sys
 from typing import Any, NoReturn, Sequence
 
-from memscope import __version__
-from memscope.cli import progress
-from memscope.cli.common_options import add_common
-from memscope.cli.errors import CliError
-from memscope.display import guarded_stdout, safe_lines, shown_text
-from memscope.store.schema import RunFileError
+from memscope.name_clash import exit_if_not_ours
+
+# before anything reads memscope's own __init__: another project's may have replaced it
+exit_if_not_ours()
+
+from memscope import __version__  # noqa: E402
+from memscope.cli import progress  # noqa: E402
+from memscope.cli.common_options import add_common  # noqa: E402
+from memscope.cli.errors import CliError  # noqa: E402
+from memscope.display import guarded_stdout, safe_lines, shown_text  # noqa: E402
+from memscope.store.schema import RunFileError  # noqa: E402
 
 # commands whose stdout is data for another program (export -, report --html -, any --json), or
 # not ours (tui and top's live view draw on the terminal themselves); every other text command prints through

@@ -14,7 +14,7 @@ from memscope.cli.errors import CliError
 from memscope.cli.progress import info, set_quiet
 from memscope.display import safe_lines, shown_text
 from memscope.redact import Redaction
-from memscope.agent.runtime.config import ENV_DB_ID
+from memscope.agent.runtime.config import ENV_DB_ID, EVENT_TORCH_MISSING
 from memscope.store import spill
 from memscope.store.runs import (compact, discard_run, file_id, finish_run, new_run,
                                  wait_writable)
@@ -191,9 +191,11 @@ def _explain_empty(db: str, command: list[str], redaction: Redaction) -> None:
         with RunReader(db) as reader:
             if reader.processes() or reader.events("agent_missing"):
                 return
+            without_torch = reader.events(EVENT_TORCH_MISSING)
     except Exception:  # noqa: BLE001 - the summary says what is wrong with the file
         return
-    add_event(db, "agent_missing", why_no_agent(command), {"command": command}, redaction=redaction)
+    add_event(db, "agent_missing", why_no_agent(command, without_torch), {"command": command},
+              redaction=redaction)
 
 
 def _wait_for_lock(db: str) -> bool:
@@ -280,9 +282,11 @@ def main(argv: Sequence[str]) -> int:
     # supervises the training as it does headless; q closes it and the training goes on.
     foreground = None
     if not args.headless and sys.stdout.isatty() and sys.stdin.isatty():
-        from memscope.cli.tui import Foreground, dashboard_installed
+        from memscope.cli.dashboard_deps import missing
+        from memscope.cli.tui import Foreground
 
-        if dashboard_installed():
+        lacking = missing()
+        if lacking is None:
             foreground = Foreground(db, args.group_readable)
             env.setdefault("PYTHONUNBUFFERED", "1")  # its output streams to the log, then the terminal
             try:
@@ -291,8 +295,7 @@ def main(argv: Sequence[str]) -> int:
                 print(f"memscope: {shown_text(str(exc))}; running headless", file=sys.stderr)
                 foreground = None
         else:
-            print("memscope: no dashboard (pip install ./tui for memscope-tui); running headless",
-                  file=sys.stderr)
+            print(f"memscope: {lacking}; running headless", file=sys.stderr)
     contained = False
     recorded = True
     try:

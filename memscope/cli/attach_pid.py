@@ -72,12 +72,13 @@ def run(args: argparse.Namespace) -> int:
     interrupted = attach_session.interrupt_counter()
     dashboard = None
     if not args.headless and sys.stdout.isatty() and sys.stdin.isatty():
-        from memscope.cli.tui import dashboard_installed
+        from memscope.cli.dashboard_deps import missing
 
-        if dashboard_installed():
+        lacking = missing()
+        if lacking is None:
             dashboard = _Dashboard(db)
         else:
-            say("memscope: no dashboard (pip install ./tui for memscope-tui); recording headless")
+            say(f"memscope: {lacking}; recording headless")
     outcome = attach_session.watch(session, args.duration, interrupted,
                                    on_poll=(dashboard.closed.is_set if dashboard is not None else None))
     attach_session.finish(session, outcome)

@@ -48,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not (sys.stdout.isatty() and sys.stdin.isatty()):
         raise CliError("top: the live view needs a terminal; use --once (and --json) in scripts")
-    try:
-        top = importlib.import_module("memscope_tui.top")
-    except ImportError:
-        from memscope.cli.tui import _INSTALL
+    from memscope.cli import dashboard_deps
 
-        raise CliError(_INSTALL) from None
+    lacking = dashboard_deps.missing()
+    if lacking:
+        raise CliError(lacking)
+    top = importlib.import_module("memscope_tui.top")
     return int(top.run_top(window=window, interval=interval))
 
 

@@ -1,4 +1,4 @@
-"""``memscope tui RUN.db``: the dashboard, from the separate memscope-tui distribution.
+"""``memscope tui RUN.db``: the dashboard (``memscope_tui``; textual is the ``tui`` extra's).
 
 Also the foreground dashboard of ``memscope attach`` (:class:`Foreground`): the dashboard runs
 as a second process on the terminal while the supervisor waits for the training exactly as it
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import importlib
-import importlib.util
 import os
 import signal
 import subprocess
@@ -19,13 +18,12 @@ import sys
 import threading
 from typing import BinaryIO
 
+from memscope.cli import dashboard_deps
 from memscope.cli.errors import CliError
 from memscope.cli.progress import is_quiet
 from memscope.store.reader import RunReader
 
-HELP = "open the terminal dashboard on a run file (needs memscope-tui)"
-_INSTALL = ("the dashboard is not installed: pip install memscope-tui "
-            "(it brings textual; from a memscope source checkout: pip install ./tui)")
+HELP = 'open the terminal dashboard on a run file (needs textual: pip install "torch-memscope[tui]")'
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -51,35 +49,27 @@ def needs_terminal(command: str, instead: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from memscope.node.nodefile import is_node_file
 
+    lacking = dashboard_deps.missing()
     if is_node_file(args.db):  # a daemon's node file: the top view, on what it saw
         from memscope.node.nodereader import NodeReader
 
         NodeReader(args.db).close()  # a bad file fails here with one line
+        if lacking:
+            raise CliError(lacking)
         needs_terminal("tui", f"for text: memscope report {args.db}")
-        try:
-            top = importlib.import_module("memscope_tui.top")
-        except ImportError:
-            raise CliError(_INSTALL) from None
+        top = importlib.import_module("memscope_tui.top")
         return int(top.run_top_file(args.db))
     RunReader(args.db).close()  # a bad file fails here with one line, before any UI starts
+    if lacking:
+        raise CliError(lacking)
     needs_terminal("tui", f"for text: memscope report {args.db}")
-    try:
-        data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
-    except ImportError:
-        raise CliError(_INSTALL) from None
+    data = importlib.import_module("memscope_tui.data")  # no textual: starts reading at once
     head = data.HeadSource(args.db)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="memscope-read") as pool:
         first = pool.submit(head.read)  # the overview's data, drawn first
-        try:
-            app_module = importlib.import_module("memscope_tui.app")  # textual loads meanwhile
-        except ImportError:
-            raise CliError(_INSTALL) from None
+        app_module = importlib.import_module("memscope_tui.app")  # textual loads meanwhile
         return int(app_module.run_app(args.db, attached=bool(args.attached or args.attached_pid), first=first,
                                       head=head, by_pid=bool(args.attached_pid)))
-
-
-def dashboard_installed() -> bool:
-    return importlib.util.find_spec("memscope_tui") is not None
 
 
 # Signals the supervisor collects with sigtimedwait: threads we start must block them too, or a

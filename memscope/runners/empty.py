@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from memscope.runners.isolated import PYTHON_NAME
 
@@ -17,8 +17,15 @@ _PROBE = ("import sys\ntry:\n    import memscope\n    found = 1\nexcept Exceptio
           "print('%d.%d' % sys.version_info[:2], found)")
 
 
-def why_no_agent(command: Sequence[str]) -> str:
-    """One line: why no process of ``command`` was recorded, and what to do."""
+def why_no_agent(command: Sequence[str], without_torch: Sequence[dict[str, Any]] = ()) -> str:
+    """One line: why no process of ``command`` was recorded, and what to do. ``without_torch``:
+    the ``torch_missing`` events of processes whose ``import torch`` failed."""
+    interpreters = list(dict.fromkeys(str((e.get("data") or {}).get("executable") or "?") for e in without_torch))
+    if interpreters:
+        where = interpreters[0] + (f" (and {', '.join(interpreters[1:])})" if interpreters[1:] else "")
+        return (f"recording empty: torch is not installed in {where}, the Python that ran the script "
+                f"(its import torch failed): install torch there ({interpreters[0]} -m pip install torch), "
+                "or run memscope attach from an environment that has torch")
     program = command[0] if command else "?"
     if PYTHON_NAME.match(os.path.basename(program)) or os.path.abspath(program) == sys.executable:
         probe = _probe(program)

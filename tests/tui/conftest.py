@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # process's CPU used. Textual's 20 ms made the dashboard tests mostly sleep (the hostile views'
 # clicks on every row: 30.7 s alone, 14 s of it CPU). The same rule at 2 ms (idle: under 1/20 of
 # it, Textual's own ratio), after the same wait for every queued message: 15.8 s, and the tests
-# under tests/tui 143 -> 113 s alone (textual 8.2.8, pinned in pyproject's test extra).
+# under tests/tui 143 -> 113 s alone (textual 8.2.8, pinned in pyproject's dev group).
 textual._wait.SLEEP_GRANULARITY = 0.002
 textual._wait.SLEEP_IDLE = textual._wait.SLEEP_GRANULARITY / 20
 

@@ -9,66 +9,24 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
 from memscope.store.reader import RunReader
+from tmux_pane import Pane, terminal
 
 ROOT = Path(__file__).resolve().parents[2]
-TMUX = shutil.which("tmux")
-
-
-class Pane:
-    def __init__(self, socket: str) -> None:
-        self.socket = socket
-
-    def tmux(self, *args: str) -> str:
-        assert TMUX is not None
-        return subprocess.run([TMUX, "-L", self.socket, *args], check=True, capture_output=True,
-                              text=True, timeout=30).stdout
-
-    def start(self, command: str) -> None:
-        self.tmux("new-session", "-d", "-s", "t", "-x", "80", "-y", "24", command)
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "t")
-
-    def keys(self, *keys: str) -> None:
-        self.tmux("send-keys", "-t", "t", *keys)
-
-    def wait_for(self, check: Callable[[str], bool], timeout: float = 60.0, what: str = "") -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            screen = self.screen()
-            if check(screen):
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; the screen:\n{screen}")
-            time.sleep(0.2)
-
-    def foreground_pgid(self) -> int:
-        pane_pid = int(self.tmux("display", "-p", "-t", "t", "#{pane_pid}").strip())
-        out = subprocess.run(["ps", "-o", "tpgid=", "-p", str(pane_pid)], capture_output=True,
-                             text=True, check=True)
-        return int(out.stdout.strip())
 
 
 @pytest.fixture
 def pane() -> Iterator[Pane]:
-    if TMUX is None:  # a real terminal is what these tests claim: never skipped
-        pytest.fail("tmux is not installed (apt-get install tmux; make test-deps installs it)")
-    p = Pane(f"memscope-test-{os.getpid()}-{time.monotonic_ns()}")
-    try:
+    with terminal() as p:
         yield p
-    finally:
-        subprocess.run([TMUX or "tmux", "-L", p.socket, "kill-server"], capture_output=True)
 
 
 def attach_command(db: Path, *args: str) -> str:

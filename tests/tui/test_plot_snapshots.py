@@ -22,7 +22,7 @@ from memscope_tui.app import MemscopeApp
 from memscope_tui.plot import Plot
 from test_snapshots import DATA, frozen_clock, loaded
 
-pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot (test extras)")
+pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot (dev group: make install)")
 
 SIZES = [(80, 24), (160, 48)]
 Y_LABEL = re.compile(r"^ *\d+(\.\d+)? (B|KiB|MiB|GiB) ┤")

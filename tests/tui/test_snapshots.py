@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 
 from memscope_tui.app import HelpScreen, MemscopeApp
 
-pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot (test extras)")
+pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot (dev group: make install)")
 
 DATA = Path(__file__).parent / "data"
 SIZE = (80, 24)

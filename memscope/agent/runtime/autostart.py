@@ -99,6 +99,11 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
             if spec is not None and spec.loader is not None:
                 spec.loader = _StartAfterExec(spec.loader)
                 return spec
+        # torch is not installed in this interpreter: the import fails as it would without
+        # memscope, and the end of the run says why nothing was recorded
+        from memscope.agent.runtime.torch_missing import note_torch_missing
+
+        note_torch_missing()
         return None
 
 

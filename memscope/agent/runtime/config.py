@@ -16,6 +16,8 @@ ENV_SKIP_CHILD_OF = "MEMSCOPE_SKIP_CHILD_OF"  # pid of a launcher's parent: its 
 ENV_SUPERVISOR = "MEMSCOPE_SUPERVISOR"  # pid of attach's supervisor: the agent ends its process when it dies
 ENV_DB_ID = "MEMSCOPE_DB_ID"  # "st_dev:st_ino" of the run file attach created: a replaced file is noticed
 ENV_PATH = "MEMSCOPE_PATH"  # where the memscope package lives, for a Python that cannot import it
+# the event a process under attach writes when its import torch failed (agent/runtime/torch_missing.py)
+EVENT_TORCH_MISSING = "torch_missing"
 # Techniques the agent can apply to an unchanged script (memscope/agent/whatif/techniques.py)
 TECHNIQUES = ("mixed_precision", "activation_checkpointing", "lighter_optimizer", "selective_checkpointing")
 
