@@ -6,7 +6,8 @@ pytorch/examples word_language_model; a peft LoRA GPT-2, the HF Trainer and Ligh
 configs) and examples/scenarios/nanogpt.py:
 
 * ``memscope whatif --json`` runs a baseline and one trial per technique it can apply to an
-  unchanged script (mixed_precision, activation_checkpointing, lighter_optimizer) and sets each
+  unchanged script (mixed_precision, activation_checkpointing, lighter_optimizer,
+  selective_checkpointing) and sets each
   measured saving (the exact live-tensor peak on CPU) beside the suggestion's figure for the
   baseline (the figure ``memscope report`` gives for that run);
 * efficient_attention, which no trial can apply to an unchanged script, is measured on the scripts
@@ -29,7 +30,7 @@ configs) and examples/scenarios/nanogpt.py:
     .venv/bin/python benchmarks/advice_accuracy.py              # the whole table (markdown)
     .venv/bin/python benchmarks/advice_accuracy.py --case ng_video_lecture --json
 
-Exits 1 when a figure is further than 25% from its measurement, or a run fails.
+Exits 1 when a figure is further than 20% from its measurement, or a run fails.
 """
 
 from __future__ import annotations
@@ -49,15 +50,16 @@ sys.path.insert(0, str(ROOT))
 
 from memscope.analysis.suggestions import suggest  # noqa: E402
 from memscope.analysis.suggestions.gradient_accumulation import ACCUMULATION  # noqa: E402
-from memscope.analysis.whatif import TOLERANCE, compare, measure  # noqa: E402
+from memscope.analysis.whatif import compare, measure  # noqa: E402
 from memscope.runners.script_estimate import run_recorded  # noqa: E402
 from memscope.store.reader import RunReader  # noqa: E402
 from memscope.units import human_bytes  # noqa: E402
 
 TP = ROOT / "tests" / "thirdparty"
+ACCURACY = 0.20  # issue 36 item 6 (whatif's own display flags errors beyond 25%)
 STEPS = 3  # per run: step 0 warms up, steps 1.. are measured
 PLAIN_STEPS = 4  # the plain attach run: its one-step tensor peak is step 2 (memscope.agent.collectors.peak_step)
-MEASURED_BY_WHATIF = ("mixed_precision", "activation_checkpointing", "lighter_optimizer")
+MEASURED_BY_WHATIF = ("mixed_precision", "activation_checkpointing", "lighter_optimizer", "selective_checkpointing")
 NANOGPT_ARGS = ["--steps", "1000", "--batch-size", "16", "--block-size", "64", "--n-layer", "3",
                 "--n-head", "4", "--n-embd", "96", "--device", "cpu"]
 
@@ -114,7 +116,7 @@ class Row:
     suggested: int | None  # the suggestion's figure, None: not suggested for this run
     measured: int | None  # None: not measured
     error: float | None  # (suggested - measured) / measured
-    ok: bool  # within 25%, or nothing to compare
+    ok: bool  # within ACCURACY, or nothing to compare
 
     def cells(self) -> list[str]:
         sug = human_bytes(self.suggested) if self.suggested is not None else "not suggested"
@@ -193,7 +195,7 @@ def _row(case: str, technique: str, suggested: int | None, measured: int | None)
     error = None
     if suggested is not None and measured:
         error = (suggested - measured) / abs(measured)
-    ok = error is None or abs(error) <= TOLERANCE
+    ok = error is None or abs(error) <= ACCURACY
     if suggested is not None and measured is not None and measured <= 0:
         ok = False  # a figure for a technique that saves nothing
     return Row(case, technique, suggested, measured, error, ok)

@@ -1,29 +1,45 @@
-"""Issue #23 item 4: every suggestion's figure within 25% of what ``memscope whatif`` measures, or
-no figure. Three scripts of benchmarks/advice_accuracy.py's matrix, the ones whose figures were
-off before: ng-video-lecture (per-head projections of one fp32 input, attention dropout 0.2 on
-CPU) and a peft LoRA GPT-2 (the transformers loss in float32, SDPA attention), off by 2x to 8x;
-nanoGPT (scaled_dot_product_attention with dropout 0.2: the math kernel on CPU), told to switch
-to SDPA and its mixed precision +81%. gradient_accumulation against a real accumulation loop
-(half the batch, two micro-batches a step) on those three, and on word_language_model, whose
-14.7 MiB of gradients, freed before its forward, stay live across the micro-batches. The runs
-are made once and shared by the assertions; the whole table is the benchmark's. Each script is
-also attached plainly (``memscope attach --headless``, defaults: one step's live-tensor peak),
-and that report's figures are held to the same measurements."""
+"""Every suggestion's figure against what applying the technique measures (the exact live-tensor
+peak), within 20% (issue 36 item 6; issue #23 item 4 asked 25%), or no figure where the saving is
+below a suggestion's minimum.
+
+Third-party scripts (benchmarks/advice_accuracy.py's matrix): ng-video-lecture (per-head
+projections of one fp32 input, attention dropout 0.2 on CPU), a peft LoRA GPT-2 (the
+transformers loss in float32, SDPA attention), nanoGPT (scaled_dot_product_attention with
+dropout 0.2: the math kernel on CPU); mixed_precision and activation_checkpointing measured by
+``memscope whatif``, gradient_accumulation by a real accumulation loop (half the batch, two
+micro-batches a step) on those three and on word_language_model, whose 14.7 MiB of gradients,
+freed before its forward, stay live across the micro-batches; efficient_attention by the same
+script through SDPA. Each script is also attached plainly (``memscope attach --headless``,
+defaults: one step's live-tensor peak), and that report's figures are held to the same
+measurements.
+
+The project's scripts (``PROJECT``): activation_checkpointing, selective_checkpointing,
+mixed_precision and lighter_optimizer through ``memscope whatif`` on two models of issue 36 item
+6 (tests/scripts/ckpt_peak.py: attention scores, CNN blocks), tiny_gpt, resnet, the
+checkpoint_sequential models cnn.py and mlp.py, wide_adam; the whatif baseline's figure and a
+plain attach run's. single_precision (mlp.py in float64 against float32) and
+efficient_attention (gpt.py naive against SDPA) by the changed script's plain run. no_grad,
+suggested after an evaluation ran out of memory, is measured at the failing moment: its
+figure is an upper bound (see its test)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 from unittest import mock
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, memscope
+from shared_runs import shared_attach
 from memscope.analysis.suggestions import suggest
 from memscope.analysis.suggestions.facts import MIN_SAVING, gather
-from memscope.analysis.whatif import TOLERANCE
+from memscope.analysis.whatif import measure
 from memscope.store.reader import RunReader
+from memscope.units import human_bytes
 
 _spec = importlib.util.spec_from_file_location("advice_accuracy", ROOT / "benchmarks" / "advice_accuracy.py")
 assert _spec is not None and _spec.loader is not None
@@ -31,11 +47,15 @@ bench = importlib.util.module_from_spec(_spec)
 sys.modules["advice_accuracy"] = bench  # its dataclasses look their module up
 _spec.loader.exec_module(bench)
 
+ACCURACY = 0.20  # issue 36 item 6: every figure within 20% of what applying the technique measures
 TRIED = ("mixed_precision", "activation_checkpointing")  # what these two runs are suggested
 CASES = ("ng-video-lecture", "peft LoRA GPT-2", "nanoGPT")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500),  # fifteen runs, shared by the tests
-              pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                 reason="needs the integrations extra")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # fifteen runs, shared by the tests
+
+
+def _needs_transformers() -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs the integrations extra")
 
 
 def _without_peak(db: str) -> dict[str, int]:
@@ -60,6 +80,7 @@ def _plain(case: Any, workdir: str) -> tuple[list[Any], dict[str, int]]:
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, ...]]:
     """name -> (rows of the table, the baseline's suggestions, the plain attach run's rows, its
     figures without the peak)."""
+    _needs_transformers()
     out = {}
     for name in CASES:
         case = bench.case(name)
@@ -75,6 +96,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, ...
 def word_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
     """word_language_model's rows (its baseline, a mixed-precision trial, the accumulation run),
     its baseline's suggestions, the plain attach run's rows and its figures without the peak."""
+    _needs_transformers()
     case = bench.case("word_language_model")
     workdir = str(tmp_path_factory.mktemp("advice"))
     bench.record(case, workdir, ("mixed_precision",))
@@ -84,13 +106,13 @@ def word_lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
 
 
 def _within(r: Any) -> None:
-    """Suggested and measured (the comparison is not vacuous), and within 25%."""
+    """Suggested and measured (the comparison is not vacuous), and within 20%."""
     assert r.suggested is not None and r.measured is not None and r.measured >= MIN_SAVING, r
-    assert abs(r.suggested - r.measured) <= TOLERANCE * r.measured, r
+    assert abs(r.suggested - r.measured) <= ACCURACY * r.measured, r
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_gradient_accumulation_is_within_25_percent_of_an_accumulation_loop(matrix: Any, name: str) -> None:
+def test_gradient_accumulation_is_within_20_percent_of_an_accumulation_loop(matrix: Any, name: str) -> None:
     """The figure counts what scales with the micro-batch: the activations and the working
     tensors beside them (LoRA GPT-2: the float32 logits and loss, as large as its activations;
     the activations alone were -50%)."""
@@ -108,7 +130,7 @@ def test_gradient_accumulation_keeps_the_gradients_a_script_frees(word_lm: Any) 
 
 
 @pytest.mark.parametrize("name", [*CASES, "word_language_model"])
-def test_a_plain_runs_gradient_accumulation_is_within_25_percent(matrix: Any, word_lm: Any, name: str) -> None:
+def test_a_plain_runs_gradient_accumulation_is_within_20_percent(matrix: Any, word_lm: Any, name: str) -> None:
     """``memscope attach`` at its defaults measures one step's live-tensor peak: its report
     counts the working set beside the activations as the whatif baseline's does, and the
     gradients the script frees before its peak. Without the peak the LoRA GPT-2's figure was
@@ -125,10 +147,10 @@ def _error(figure: int, measured: int) -> float:
 
 
 @pytest.mark.parametrize("name", [*CASES, "word_language_model"])
-def test_a_plain_runs_other_figures_are_within_25_percent(matrix: Any, word_lm: Any, name: str) -> None:
+def test_a_plain_runs_other_figures_are_within_20_percent(matrix: Any, word_lm: Any, name: str) -> None:
     """The working set the plain run now knows also enters mixed precision and checkpointing.
     Each figure the whatif baseline gives and a trial measures, the plain report gives too,
-    within 25% of the measurement (the LoRA GPT-2's mixed_precision was +41%: with an
+    within 20% of the measurement (the LoRA GPT-2's mixed_precision was +41%: with an
     inventory, the bf16 copies of trainable weight matrices only were counted, where the frozen
     ones are copied too)."""
     rows, _, plain, before = word_lm if name == "word_language_model" else matrix[name]
@@ -139,11 +161,11 @@ def test_a_plain_runs_other_figures_are_within_25_percent(matrix: Any, word_lm: 
     for t in checked:
         r = by[t]
         assert r.suggested is not None and r.measured is not None and r.measured >= MIN_SAVING, r
-        assert _error(r.suggested, r.measured) <= TOLERANCE, (r, before[t])
+        assert _error(r.suggested, r.measured) <= ACCURACY, (r, before[t])
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_each_figure_is_within_25_percent_of_the_measured_saving(matrix: Any, name: str) -> None:
+def test_each_figure_is_within_20_percent_of_the_measured_saving(matrix: Any, name: str) -> None:
     rows = {r.technique: r for r in matrix[name][0]}
     for t in TRIED:
         _within(rows[t])
@@ -179,3 +201,206 @@ def test_a_transformers_model_is_told_gradient_checkpointing_enable(matrix: Any)
     assert "float32 loss" in by["mixed_precision"].evidence
     plain = {s.technique: s for s in matrix["ng-video-lecture"][1]}  # not a transformers model
     assert "gradient_checkpointing_enable" not in plain["activation_checkpointing"].how
+
+
+# the project's scripts: name -> (script and arguments, whatif's trials, the plain attach run
+# (options, command) shared through tests/shared_runs.py: test_suggestions reads mlp and wide_adam)
+PROJECT: dict[str, tuple[list[str], tuple[str, ...], tuple[list[str], list[str]]]] = {
+    # two blocks of naive attention over 384 tokens, width 16: the N x N scores (and their
+    # gradients in backward) set the peak; with checkpointing the last block's recompute does
+    "attention scores": (["tests/scripts/ckpt_peak.py", "attention"],
+                         ("activation_checkpointing", "mixed_precision", "selective_checkpointing"),
+                         ([], ["tests/scripts/ckpt_peak.py", "attention", "--steps", "4"])),
+    # six conv-BatchNorm-ReLU blocks after a full-resolution stem: each block saves its output,
+    # which stays alive as the next block's checkpointed input
+    "CNN blocks": (["tests/scripts/ckpt_peak.py", "cnn"], ("activation_checkpointing", "mixed_precision"),
+                   ([], ["tests/scripts/ckpt_peak.py", "cnn", "--steps", "4"])),
+    "tiny_gpt": (["examples/tiny_gpt.py"],
+                 ("activation_checkpointing", "mixed_precision", "lighter_optimizer", "selective_checkpointing"),
+                 ([], ["examples/tiny_gpt.py", "--steps", "8"])),
+    # residual blocks ending in a ReLU of their own code: the first block's input was saved by
+    # the stem, the others' by the block before
+    "resnet": (["examples/scenarios/resnet.py", "--batch", "16"], ("activation_checkpointing",),
+               ([], ["examples/scenarios/resnet.py", "--batch", "16", "--steps", "4"])),
+    # checkpoint_sequential: a 3-channel image first, BatchNorm, pooling between the segments
+    "cnn.py": (["examples/scenarios/cnn.py"], ("activation_checkpointing",),
+               ([], ["examples/scenarios/cnn.py", "--steps", "4"])),
+    # checkpoint_sequential of Linear / ReLU: a segment beginning with a ReLU saves no input, so
+    # its checkpoint holds one the baseline let go
+    "mlp": (["examples/scenarios/mlp.py"], ("activation_checkpointing",),
+            (["--layers-every", "1"], ["examples/scenarios/mlp.py"])),
+    "wide_adam": (["examples/scenarios/wide_adam.py"], ("lighter_optimizer",),
+                  (["--layers-every", "1"], ["examples/scenarios/wide_adam.py"])),
+}
+
+
+def _figures(db: str | Path) -> dict[str, Any]:
+    with RunReader(str(db)) as reader:
+        return {s.technique: s for s in suggest(reader)}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Any]]:
+    """name -> ``memscope whatif --json`` of the script (two steps: step 0 warms up, step 1 is
+    measured), with the suggestions of its baseline (``"baseline"``) and of the plain attach
+    run at the defaults (``"plain"``) by technique; each made once, when a test first asks."""
+    made: dict[str, dict[str, Any]] = {}
+
+    def get(name: str) -> dict[str, Any]:
+        if name not in made:
+            command, tried, (options, plain) = PROJECT[name]
+            work = tmp_path_factory.mktemp("peak")
+            done = memscope("whatif", "--json", "--steps", "2", "--db-dir", str(work), "--try", ",".join(tried),
+                            *command, timeout=600)
+            assert done.returncode == 0, done.stderr[-2000:]
+            doc = json.loads(done.stdout)
+            db, ran = shared_attach(tmp_path_factory, options, plain, timeout=300)
+            assert ran.returncode == 0, ran.stderr[-2000:]
+            doc["figures"] = {"baseline": _figures(doc["baseline"]["db"]), "plain": _figures(db)}
+            made[name] = doc
+        return made[name]
+    return get
+
+
+def _rows(doc: dict[str, Any]) -> list[tuple[str, str, int | None, int]]:
+    """(run, technique, figure, measured saving) for each trial and each run's figure."""
+    rows = []
+    for t in doc["trials"]:
+        assert t["applied"] and t["measured_by"] == "tensor_peak", t
+        for run in ("baseline", "plain"):
+            s = doc["figures"][run].get(t["technique"])
+            rows.append((run, t["technique"], s.estimated_saving_bytes if s else None, t["measured_saving_bytes"]))
+    return rows
+
+
+@pytest.mark.parametrize("name", PROJECT)
+def test_every_figure_is_within_20_percent_of_whatif(project: Any, name: str) -> None:
+    """Each technique whatif tried: the figure of its baseline (what whatif sets beside the
+    measurement) and of a plain attach run of the same script at the defaults (what ``memscope
+    report`` tells a user) within 20% of the measured saving, where it is a suggestion's worth
+    (MIN_SAVING); no figure where it is not (tiny_gpt's AdamW state, 0.5 MiB). Before issue 36
+    item 6 checkpointing's figure counted the saved activations removed: attention scores -30%,
+    CNN blocks +40%, resnet +11%; the plain runs' selective_checkpointing figure was the
+    activation bytes the plan keeps less (attention scores +84%, tiny_gpt +18%)."""
+    checked = 0
+    for run, technique, figure, measured in _rows(project(name)):
+        if measured < MIN_SAVING:
+            assert figure is None, (run, technique, figure, measured)
+            continue
+        assert figure is not None and abs(figure - measured) <= ACCURACY * measured, (run, technique, figure, measured)
+        checked += 1
+    assert checked, project(name)["trials"]
+
+
+def test_checkpointing_states_the_peak_after_with_its_parts(project: Any) -> None:
+    """The figure is the peak now less the modelled peak once checkpointed: the evidence and
+    ``report --json``'s ``peak`` say both, where the new peak is and its parts, which add up to
+    it. A whatif baseline measured the blocks' backward; a plain run's is modelled."""
+    for name in ("attention scores", "CNN blocks"):
+        for run, timeline in (("baseline", "measured"), ("plain", "modelled")):
+            s = project(name)["figures"][run]["activation_checkpointing"]
+            peak = s.peak
+            assert peak["timeline"] == timeline, peak
+            assert peak["before_bytes"] - peak["after_bytes"] == s.estimated_saving_bytes
+            assert sum(p["bytes"] for p in peak["parts"]) == peak["after_bytes"]
+            assert f"becomes {human_bytes(peak['after_bytes'])}" in s.evidence and peak["at"] in s.evidence
+    # the attention's new peak is its last block's recompute: its scores are live again
+    peak = project("attention scores")["figures"]["plain"]["activation_checkpointing"].peak
+    assert peak["at"] == "blocks.1's recompute", peak
+    rerun = next(p["bytes"] for p in peak["parts"] if p["part"].startswith("its recompute"))
+    assert rerun > 0.6 * peak["after_bytes"], peak
+    seq = project("cnn.py")["figures"]["plain"]["activation_checkpointing"]
+    assert "checkpoint_sequential" in seq.how and "segment" in seq.peak["at"], seq.peak
+
+
+def test_selective_checkpointing_is_the_same_model_as_whatifs_prediction(project: Any) -> None:
+    """One model: the selective_checkpointing figure of a whatif baseline is the baseline's peak
+    less the peak whatif predicts for the plan it tries (memscope.cli.whatif_selective), and
+    whole-block checkpointing's is the same model's for no op kept."""
+    for name in ("attention scores", "tiny_gpt"):
+        doc = project(name)
+        sel = doc["selective_checkpointing"]
+        figure = doc["figures"]["baseline"]["selective_checkpointing"].estimated_saving_bytes
+        assert figure == sel["baseline_peak_bytes"] - sel["predicted_peak_bytes"], sel
+        whole = next(pt for pt in sel["curve"] if pt["label"] == "whole-block")
+        ckpt = doc["figures"]["baseline"]["activation_checkpointing"].estimated_saving_bytes
+        assert ckpt == sel["baseline_peak_bytes"] - whole["predicted_peak_bytes"], (ckpt, whole)
+
+
+
+# changes whatif cannot make to an unchanged script: technique -> (the plain attach run that is
+# told it, the same script with the change made), shared with test_suggestions (the mlp pair)
+CHANGED = {
+    "single_precision": ((["--layers-every", "1"], ["examples/scenarios/mlp.py", "--dtype", "fp64"]),
+                         (["--layers-every", "1"], ["examples/scenarios/mlp.py"])),
+    "efficient_attention": (([], ["examples/scenarios/gpt.py", "--steps", "4", "--seq", "128"]),
+                            ([], ["examples/scenarios/gpt.py", "--sdpa", "--steps", "4", "--seq", "128"])),
+}
+
+
+def _tensor_peak(db: str | Path) -> int:
+    with RunReader(str(db)) as reader:
+        peak = measure(reader).tensor_peak
+    assert peak is not None, db
+    return peak
+
+
+@pytest.mark.parametrize("technique", CHANGED)
+def test_a_change_whatif_cannot_make_is_within_20_percent_of_the_changed_script(
+        tmp_path_factory: pytest.TempPathFactory, technique: str) -> None:
+    """float64 -> float32 (mlp.py --dtype fp64, told single_precision) and naive attention ->
+    scaled_dot_product_attention (gpt.py, told efficient_attention): the figure against the
+    live-tensor peak of the same script with the change made (each plain run measures one step)."""
+    runs = []
+    for options, command in CHANGED[technique]:
+        db, ran = shared_attach(tmp_path_factory, options, command, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        runs.append(db)
+    s = _figures(runs[0]).get(technique)
+    measured = _tensor_peak(runs[0]) - _tensor_peak(runs[1])
+    assert measured >= MIN_SAVING and s is not None, (s, measured)
+    assert abs(s.estimated_saving_bytes - measured) <= ACCURACY * measured, (s.estimated_saving_bytes, measured)
+
+def _live_at_the_failing_layer(grad: bool) -> int:
+    """Live tensor bytes (memscope's exact counter, in this process) when tests/scripts/
+    advice_cases.py's evaluation reaches the layer that fails there, its model rebuilt here,
+    with autograd on or under no_grad."""
+    import torch
+    import torch.nn as nn
+
+    from memscope.agent.collectors.tensor_peak import TensorPeak
+
+    seen: list[int] = []
+    counter = TensorPeak()
+
+    class Failing(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(counter.total)
+            return x
+
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), Failing(),
+                          nn.Linear(1024, 10)).eval()
+    x = torch.randn(4096, 256)
+    counter.begin(0, lambda: [x, *model.parameters()])
+    try:
+        with torch.set_grad_enabled(grad):
+            model(x)
+    finally:
+        counter.end()
+    return seen[0]
+
+
+def test_no_grads_figure_is_an_upper_bound_at_the_failing_moment(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """no_grad is suggested after an evaluation with autograd on ran out of memory: whatif
+    cannot run it (its baseline fails), so the saving is measured here, at the moment of the
+    failure: the live bytes there with autograd on less under no_grad. The figure is what
+    autograd had saved then (the model's input and both ReLUs' outputs: 36 MiB); no_grad frees
+    16 MiB of it then: the model's input and the failing layer's input are live under no_grad
+    too, and which tensors they were is not recorded. Not within 20%, for that reason: the
+    figure is an upper bound, and its evidence says so ("up to")."""
+    db, ran = shared_attach(tmp_path_factory, [], ["tests/scripts/advice_cases.py", "eval"])
+    assert ran.returncode == 1, ran.stderr[-2000:]
+    s = _figures(db)["no_grad"]
+    measured = _live_at_the_failing_layer(True) - _live_at_the_failing_layer(False)
+    assert measured == 4096 * 1024 * 4  # the first ReLU's output: nothing else is freed then
+    assert s.estimated_saving_bytes >= measured and "up to that much is freed at the failing moment" in s.evidence

@@ -78,6 +78,9 @@ def test_the_one_step_peak_is_the_every_step_counters(runs: dict[str, Any]) -> N
     assert (one["peak_bytes"], one["start_bytes"], one["start_grad_bytes_at_peak"]) == \
         (every[2]["peak_bytes"], every[2]["start_bytes"], every[2]["start_grad_bytes_at_peak"]) == \
         (every[2]["peak_bytes"], every[2]["start_bytes"], 0)
+    # and the phase it peaked in: the loss's backward, its gradient beside the logits and their
+    # log-softmax
+    assert one["phase"] == every[2]["phase"] == "backward", (one, every[2])
 
 
 def test_the_plain_report_counts_the_working_set(runs: dict[str, Any]) -> None:

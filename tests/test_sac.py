@@ -100,15 +100,17 @@ def test_curve_is_a_pareto_front_with_both_ends() -> None:
                   ("aten._softmax", 0, [3])], [40, 40, 200, 200], [0, 1, 2, 3])
     pts = sac_plan.curve(p)
     assert pts[0].label == "no checkpointing" and pts[0].activation_bytes == 480 * 4
-    assert pts[-1].activation_bytes == 0 and pts[-1].recompute_flops == 110 * 4  # whole-block
+    # whole-block: each block but the last keeps the output it saved itself (the softmax's), as
+    # the next block's checkpoint holds it as its input
+    assert pts[-1].activation_bytes == 200 * 3 and pts[-1].recompute_flops == 110 * 4
     keep_mm = next(pt for pt in pts if pt.save == ("aten.mm",))
-    assert keep_mm.activation_bytes == 160 and keep_mm.recompute_flops == 40
+    assert keep_mm.activation_bytes == 40 * 4 + 200 * 3 and keep_mm.recompute_flops == 40
     assert pts[1].save == ("aten.bmm", "aten.mm") and pts[1].recompute_flops == 0  # dominates no ckpt
     for a, b in zip(pts[1:], pts[2:]):  # less memory costs more recompute along the front
         assert b.activation_bytes < a.activation_bytes and b.recompute_flops > a.recompute_flops
     # keeping the bmm (big output, few FLOPs) is dominated by whole-block on the first j blocks
     assert all(pt.save != ("aten.bmm",) for pt in pts)
-    assert sac_plan.best_under(p, 200).save == ("aten.mm",)  # type: ignore[union-attr]
+    assert sac_plan.best_under(p, 800).save == ("aten.mm",)  # type: ignore[union-attr]
     assert sac_plan.suggested(p).save == ("aten.mm",)  # least kept at <= half whole-block's FLOPs
 
 
@@ -193,7 +195,7 @@ def test_the_plan_is_printed_as_code_that_runs() -> None:
     trial = SelectiveTrial(p, backward, 6000, sac_plan.selective_default(p), sac_plan.curve(p), measured_peak=5100)
     text = trial.render()
     assert "no checkpointing" in text and "whole-block" in text and "measured 4.98 KiB" in text
-    assert "keep aten.mm            160 B             40 FLOP (9%)" in text
+    assert "keep aten.mm            760 B             40 FLOP (9%)" in text  # + the outputs carried
     code = policy_code(trial.save, "", "B").replace("for i, block in enumerate(model):", "for i, block in []:")
     scope: dict[str, Any] = {}
     exec(compile(code, "<plan>", "exec"), scope)
@@ -201,3 +203,23 @@ def test_the_plan_is_printed_as_code_that_runs() -> None:
     assert policy(None, torch.ops.aten.mm.default) == CheckpointPolicy.MUST_SAVE
     assert policy(None, torch.ops.aten.bmm.default) == CheckpointPolicy.MUST_SAVE
     assert policy(None, torch.ops.aten.gelu.default) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_a_modelled_timeline_holds_each_blocks_inputs_gradients_and_transients() -> None:
+    """Where a run did not measure its blocks' backward (a plain run), the timeline is modelled:
+    block k's backward begins with what is beside the blocks, what blocks 0..k saved and their
+    inputs, and the gradient of its output, less the gradients not made yet (its own and the
+    blocks' before it, up to those freed before the peak); it adds its transients and its own
+    gradients. Its forward begins without those gradients and without the model's output."""
+    from memscope.analysis.checkpoint_peak import Region, modelled_backward, peak_after
+
+    blocks = [Region(f"b{k}", saved=400, kept=0, rerun=500, transient=300, held=50, output=50, params=100)
+              for k in range(2)]
+    tl = modelled_backward(2000, 1000, blocks, unmade=150, after=80)
+    assert tl.blocks == ((1000 + 450 + 50 - 100, 1400 + 300 + 100), (1000 + 900 + 50 - 150, 1800 + 300 + 100))
+    assert tl.forward_starts == (1000 - 150 - 80 + 50, 1000 - 150 - 80 + 450 + 50) and not tl.measured
+    after = peak_after(2000, tl, blocks)
+    # block 0's backward: its window, nothing dropped before it; block 1's less block 0's 400;
+    # the recomputes (start - what the block drops + its rerun) and the forward's end are lower
+    assert (after.bytes, after.at) == (1800, "b0's backward") and after.dropped == 800
+    assert sum(b for _, b in after.parts) == after.bytes

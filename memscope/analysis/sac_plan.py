@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+from memscope.analysis.checkpoint_peak import Backward as Backward, Region, peak_after
 
 MAX_KINDS = 12  # 2**12 subsets at most; more FLOP-bearing op kinds than this: the largest ones
 
@@ -60,9 +62,28 @@ class BlockProfile:
         """Bytes autograd keeps for this block without checkpointing (created inside it)."""
         return sum(self.sizes[n] for n in self.saved if self.made[n])
 
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of what its ops read that it did not make, but its first argument (numbered
+        first: its input): its parameters and buffers, whose gradients its backward makes."""
+        return sum(size for n, (size, mine) in enumerate(zip(self.sizes, self.made)) if n and not mine)
+
     def kept_bytes(self, save: frozenset[str]) -> int:
         kept = {n for o in self.ops if o.name in save for n in o.out if self.made[n]}
         return sum(self.sizes[n] for n in kept)
+
+    def carried_bytes(self, save: frozenset[str]) -> int:
+        """What a checkpointed block followed by another block of the container keeps beyond
+        ``kept_bytes``: its output (the last op's storage), where the block saved it itself (it
+        ends in an op that saves its output, a ReLU: ``saved_bytes`` counts it); the next block
+        takes it as its input, which its checkpoint keeps (or its first op saves). A block that
+        ends in a residual add saved no output: 0. The container's last block carries nothing
+        (what follows it is not checkpointed and saved it, if at all, outside the blocks)."""
+        if not self.ops:
+            return 0
+        kept = {n for o in self.ops if o.name in save for n in o.out}
+        return sum(self.sizes[n] for n in set(self.ops[-1].out)
+                   if self.made[n] and n in self.saved and n not in kept)
 
     def recompute_flops(self, save: frozenset[str]) -> int:
         return sum(o.flops for o in self.ops[:self.last_pack] if o.name not in save)
@@ -173,8 +194,10 @@ def point(p: BlockProfile, save: frozenset[str] | None, blocks: int | None = Non
     kept = p.kept_bytes(save)
     flops = p.recompute_flops(save) * n
     total = p.forward_flops * p.blocks
+    carried = p.carried_bytes(save) * min(n, p.blocks - 1)
     return Point(label or (f"keep {', '.join(sorted(save))}" if save else "whole-block"), tuple(sorted(save)), n,
-                 kept, kept * n + p.saved_bytes * (p.blocks - n), flops, 100.0 * flops / total if total else 0.0)
+                 kept, kept * n + carried + p.saved_bytes * (p.blocks - n), flops,
+                 100.0 * flops / total if total else 0.0)
 
 
 def curve(p: BlockProfile) -> list[Point]:
@@ -226,17 +249,6 @@ def suggested(p: BlockProfile) -> Point:
     return min(fits, key=lambda pt: (pt.activation_bytes, pt.recompute_flops)) if fits else selective_default(p)
 
 
-@dataclass(frozen=True)
-class Backward:
-    """What the baseline measured around the blocks' backward (the ``sac_live`` event): the
-    step's peak before the backward reached them, and per block (in block order) the live
-    bytes when its backward began and the most during it."""
-
-    forward_peak: int | None
-    blocks: tuple[tuple[int, int], ...]
-    forward_starts: tuple[int, ...] = ()  # per block: the live bytes when its forward began
-
-
 def parse_backward(data: dict[str, Any], p: BlockProfile) -> Backward:
     """The ``sac_live`` event's data; ValueError when it is not one. An event of the last block
     only (recorded before every block was measured) stands for the others with their saved
@@ -258,39 +270,36 @@ def parse_backward(data: dict[str, Any], p: BlockProfile) -> Backward:
         raise ValueError(f"not a sac_live event: {exc}") from None
 
 
-def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Point) -> int:
-    """The step's peak under ``plan`` (the first ``j`` blocks checkpointed, each keeping
-    ``kept_bytes`` instead of the ``saved_bytes`` autograd kept: ``drop`` less), from the
-    baseline's peak and its backward windows. The highest of:
+def regions(p: BlockProfile, plan: Point, held: Sequence[int] = (), outputs: Sequence[int] = ()) \
+        -> list[Region]:
+    """The container's blocks as regions of the checkpointing peak model
+    (memscope.analysis.checkpoint_peak) under ``plan``: the first ``plan.blocks`` checkpointed,
+    each keeping ``kept_bytes`` instead of ``saved_bytes``, and its output where the next block
+    takes it as its input (``carried_bytes``); its rerun as measured in the forward
+    (``rerun_bytes``; without the profile's deaths, what it drops back and its largest tensor);
+    its backward's transients: the gradient of its largest tensor. ``held`` and ``outputs`` (per
+    block, from the layer rows): each block's input where the block before did not save it, its
+    output."""
+    save = frozenset(plan.save or ())
+    checkpointed = plan.save is not None
+    carried = p.carried_bytes(save) if checkpointed else 0
+    largest = max([size for size, mine in zip(p.sizes, p.made) if mine], default=0)
+    rerun = p.rerun_bytes(save)
+    if rerun is None:
+        rerun = max(0, p.saved_bytes - plan.kept_bytes) + largest
+    inside = p.checkpointed_forward_bytes(save)
+    return [Region(f"{p.container}.{k}" if p.container else str(k), p.saved_bytes, plan.kept_bytes, rerun,
+                   largest, held[k] if k < len(held) else 0, outputs[k] if k < len(outputs) else 0, inside,
+                   checkpointed and k < plan.blocks, carried if k < p.blocks - 1 else 0, 0, p.param_bytes)
+            for k in range(p.blocks)]
 
-    * the forward's peak, ``drop`` less per checkpointed block; and during checkpointed block
-      k's forward, the live bytes when it began, less the drop of blocks 0..k-1, plus what its
-      own tensors take at once (``checkpointed_forward_bytes``);
-    * each checkpointed block k's rerun: the live bytes when its backward began, less the drop
-      of blocks 0..k, plus what the rerun adds (``rerun_bytes``);
-    * each block's backward window, less the drop of the checkpointed blocks still holding
-      their kept bytes (block k, once rerun, holds what the baseline held);
-    * the baseline's peak itself when it lies outside all of these (an optimizer step), which
-      no plan moves."""
+
+def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Point) -> int:
+    """The step's peak under ``plan`` from the baseline's peak and its timeline around the
+    blocks (:func:`memscope.analysis.checkpoint_peak.peak_after`)."""
     if plan.save is None or plan.blocks == 0:
         return baseline_peak
-    j, drop = plan.blocks, p.saved_bytes - plan.kept_bytes
-    forward = live.forward_peak if live.forward_peak is not None else baseline_peak
-    rerun = p.rerun_bytes(frozenset(plan.save))
-    inside = p.checkpointed_forward_bytes(frozenset(plan.save))
-    terms = [forward - j * drop]
-    if inside is not None:
-        terms += [start - k * drop + inside for k, start in enumerate(live.forward_starts[:j])]
-    for k, (start, window) in enumerate(live.blocks):
-        if k < j:
-            terms.append(window - k * drop)
-            if rerun is not None:
-                terms.append(start - (k + 1) * drop + rerun)
-        else:
-            terms.append(window - j * drop)
-    if baseline_peak > max([forward] + [w for _, w in live.blocks]):
-        terms.append(baseline_peak)
-    return max(terms)
+    return peak_after(baseline_peak, live, regions(p, plan)).bytes
 
 
 def from_events(profile_events: list[dict[str, Any]], live_events: list[dict[str, Any]]) \

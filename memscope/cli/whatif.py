@@ -121,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
                             {**options, "try_techniques": tries, "checkpoint_plan": plan, **more},
                             group_readable=args.group_readable)
 
-    base_run = one("baseline", [], sac_profile="selective_checkpointing" in techniques)
+    # the blocks' op profile and backward windows: selective checkpointing's plan, and the peak
+    # whole-block checkpointing leaves (memscope.analysis.suggestions.checkpointing)
+    base_run = one("baseline", [], sac_profile=bool({"selective_checkpointing", "activation_checkpointing"}
+                                                    & set(techniques)))
     if not base_run.ok:
         print(f"memscope: error: whatif: the baseline run failed ({_why(base_run)}): "
               f"{base_run.last_error()} (log: {base_run.log})", file=sys.stderr)

@@ -74,7 +74,7 @@ class PeakStep:
         try:
             why = self._skip_reason()
             if why is None:
-                self.peak = TensorPeak(outside_compile=True)  # _skip_reason: never under compile
+                self.peak = TensorPeak(outside_compile=True, phase=lambda: self.host.phase)  # not under compile
                 self.measure.start(time.thread_time(), trained_s)
                 self.peak.begin(step, self.live_tensors)
             elif why:
@@ -124,7 +124,8 @@ class PeakStep:
             elif step == peak.step:
                 missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
                 data = {"step": step, "peak_bytes": high, "start_bytes": start,
-                        "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted, "one_step": True}
+                        "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted, "one_step": True,
+                        "phase": peak.phase_at_peak}
                 over = ""
                 if self.measure.cut_at is not None:
                     measured = self.measure.cut_at[1]

@@ -39,7 +39,7 @@ class TensorPeak:
     at its peak (0 when the script freed them before: ``zero_grad()`` ahead of the forward);
     gradient accumulation keeps them live through every micro-batch."""
 
-    def __init__(self, outside_compile: bool = False) -> None:
+    def __init__(self, outside_compile: bool = False, phase: Callable[[], str] | None = None) -> None:
         # outside_compile: the caller does not start measuring under compile (the plain run's
         # one step), so the mode opts out of torch's _disable_dynamo wrap of __torch_dispatch__,
         # which imports torch._dynamo at the first op (a second or more of CPU, into a process
@@ -47,6 +47,10 @@ class TensorPeak:
         # compile during the step, Dynamo inlines __torch_dispatch__: is_compiling() makes it
         # the bare op there (the compiled graph's ops still come through the mode when they run)
         self.outside_compile = outside_compile
+        # the step's phase (forward, backward, optimizer, other) when the peak was reached: where
+        # a technique acts (Adam's step temporaries, which SGD does not make); None: not known
+        self._phase = phase
+        self.phase_at_peak: str | None = None
         self.step: int | None = None
         self.live: dict[int, int] = {}
         self.total = 0
@@ -99,6 +103,7 @@ class TensorPeak:
             self.live, self._refs = {}, set()
             self.total = self.peak = self.uncounted = 0
             self._grads, self.grads_live, self.grads_at_peak = set(), 0, 0
+            self.phase_at_peak = None
         found = tensors() if tensors is not None else None
         # type(), never isinstance: isinstance asks __class__, and a deprecated module attribute
         # (torch.distributed.reduce_op) warns when asked. Not warnings.catch_warnings(): leaving
@@ -191,6 +196,11 @@ class TensorPeak:
                 if self.total > self.peak:
                     self.peak = self.total
                     self.grads_at_peak = self.grads_live
+                    if self._phase is not None:
+                        try:
+                            self.phase_at_peak = self._phase()
+                        except Exception:
+                            self.phase_at_peak = None
                 self._refs.add(weakref.ref(st, self._released(key)))
 
     def _released(self, key: int) -> Callable[[Any], None]:

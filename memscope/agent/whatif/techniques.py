@@ -52,7 +52,7 @@ class Controller:
 
     def __init__(self, agent: "CollectorHost") -> None:
         self.agent = agent
-        self.peak = TensorPeak() if agent.options.tensor_peak else None
+        self.peak = TensorPeak(phase=lambda: agent.phase) if agent.options.tensor_peak else None
         self.peak_failed = False
 
     def install(self) -> None:
@@ -77,7 +77,8 @@ class Controller:
                     grads = self.peak.grads_at_peak
                     agent.event("tensor_peak", f"step {step}: live tensor bytes peaked at {peak}{missed}",
                                 {"step": step, "peak_bytes": peak, "start_bytes": start,
-                                 "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted})
+                                 "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted,
+                                 "phase": self.peak.phase_at_peak})
                 if not (agent.options.max_steps and step + 1 >= agent.options.max_steps):
                     self.peak.begin(step + 1)
             except Exception as exc:

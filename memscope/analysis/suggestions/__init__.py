@@ -21,7 +21,6 @@ from typing import Callable
 
 from memscope.analysis.frameworks import framework_how, framework_of
 from memscope.analysis.leaks import suggestions as leak_suggestions
-from memscope.analysis.selective import selective_suggestions
 from memscope.analysis.suggestions.allocator_config import allocator_config
 from memscope.analysis.suggestions.checkpointing import CheckpointPlan, activation_checkpointing, checkpoint_plan
 from memscope.analysis.suggestions.efficient_attention import efficient_attention
@@ -33,6 +32,7 @@ from memscope.analysis.suggestions.mixed_precision import mixed_precision
 from memscope.analysis.suggestions.no_grad import no_grad
 from memscope.analysis.suggestions.optimizer_offload import optimizer_offload
 from memscope.analysis.suggestions.quantization import quantization
+from memscope.analysis.suggestions.selective_checkpointing import selective_checkpointing
 from memscope.analysis.suggestions.sharding import sharding
 from memscope.analysis.suggestions.single_precision import single_precision
 from memscope.analysis.summary import RunSummary, summarize
@@ -59,7 +59,7 @@ def suggest(reader: RunReader, summary: RunSummary | None = None) -> list[Sugges
             out.extend(x for x in rule(facts) if x.estimated_saving_bytes >= MIN_SAVING)
         _framework_first(out, framework_of(reader), facts)
     out.extend(Suggestion(**d) for d in leak_suggestions(s.leaks, s.steps))
-    out.extend(Suggestion(**d) for d in selective_suggestions(reader))  # a profiled block only
+    out.extend(selective_checkpointing(reader, facts))  # a profiled block only
     if s.unexplained is not None:
         out.append(Suggestion(**unexplained_suggestion(s.unexplained, s.steps)))
     if s.workers is not None:

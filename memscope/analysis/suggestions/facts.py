@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis import sac_plan
 from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories
 from memscope.analysis.oom import ABSURD_REQUEST, demand
@@ -31,10 +32,13 @@ class Suggestion:
     estimated_saving_bytes: int
     evidence: str
     how: str
+    # the peak the figure is computed from, where it is modelled (activation_checkpointing:
+    # memscope.analysis.suggestions.checkpointing.CheckpointPlan.as_json); None elsewhere
+    peak: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"technique": self.technique, "estimated_saving_bytes": self.estimated_saving_bytes,
-                "evidence": self.evidence, "how": self.how}
+                "evidence": self.evidence, "how": self.how, "peak": self.peak}
 
 
 @dataclass
@@ -60,6 +64,8 @@ class Facts:
     tensor_peak: int | None = None
     # of the step's starting .grad bytes, those still live at that peak (None: files from before)
     peak_grads: int | None = None
+    # the step's phase when it peaked: forward, backward, optimizer, other (None: files from before)
+    peak_phase: str | None = None
     oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
     layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
@@ -78,6 +84,10 @@ class Facts:
     failed_optimizer: dict[str, Any] | None = None
     # class names of the optimizers that stepped in the profiled step, when more than one (a GAN)
     optimizers: list[str] = field(default_factory=list)
+    # one repeated block's op-level profile (``sac_profile`` event: a plain run's block profile,
+    # a what-if baseline's) and, where measured, the blocks' backward windows (``sac_live``)
+    block_profile: sac_plan.BlockProfile | None = None
+    block_backward: sac_plan.Backward | None = None
 
     @property
     def layer_source(self) -> str:
@@ -171,6 +181,7 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  param_groups=params, activation_dtypes=act_dtypes, cuda_peak=cuda_peak,
                  tensor_peak=tensor_peak, oom_allocator=oom_alloc,
                  peak_grads=int(grads_at_peak) if isinstance(grads_at_peak, int) else None,
+                 peak_phase=top.get("phase") if isinstance(top.get("phase"), str) else None,
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
                  attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
@@ -179,7 +190,20 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  evaluation_saved=int((s.oom.breakdown or {}).get("activations", 0))
                  if at_failure and s.oom is not None and s.oom.evaluation else 0,
                  failed_optimizer=_failed_optimizer(s),
-                 optimizers=_optimizers(reader, proc, s.hotspot_step))
+                 optimizers=_optimizers(reader, proc, s.hotspot_step),
+                 **_block_profile(reader, at_failure))
+
+
+def _block_profile(reader: RunReader, at_failure: bool) -> dict[str, Any]:
+    """``block_profile`` and ``block_backward`` (a damaged event: neither). Not at a failure:
+    the windows were measured in a step that did not fail."""
+    try:
+        found = sac_plan.from_events(reader.events("sac_profile"), reader.events("sac_live"))
+    except ValueError:
+        return {}
+    if found is None:
+        return {}
+    return {"block_profile": found[0], "block_backward": None if at_failure else found[1]}
 
 
 def _failed_optimizer(s: RunSummary) -> dict[str, Any] | None:

@@ -29,15 +29,31 @@ def lighter_optimizer(f: Facts) -> list[Suggestion]:
     if f.closure_forwards and ratio > 2 * ADAM_RATIO:
         return _shorter_history(f, trainable, ratio)
     saving = state - trainable
+    temps = _step_temporaries(f) if not building else 0
+    saving += temps
+    at_step = (f"; the step's live-tensor peak is in the optimizer's step, with {_b(temps)} of its "
+               "temporaries beside the states (Adam's square root of the second moment and its "
+               "denominator), which SGD's in-place step does not make" if temps else "")
     return [Suggestion(
         "lighter_optimizer", saving,
         f"optimizer state {_b(state)}{building} is {ratio:.1f}x the {_b(trainable)} of trainable "
         f"parameters ({f.share(state):.0%} of {_b(f.tensor_total)} of tensors): two "
-        "states per parameter, Adam-like; SGD with momentum keeps one",
+        f"states per parameter, Adam-like; SGD with momentum keeps one{at_step}",
         "torch.optim.SGD(params, lr=..., momentum=0.9) keeps one state (saves this estimate; needs "
         "its own learning-rate tuning); to keep Adam's behaviour, 8-bit Adam "
         "(bitsandbytes.optim.AdamW8bit, CUDA) saves about 3/4 of the state, and a factored optimizer "
         "(Adafactor: transformers.optimization.Adafactor) nearly all of it")]
+
+
+def _step_temporaries(f: Facts) -> int:
+    """Where the step's live-tensor peak was reached in the optimizer's step (``Facts.peak_phase``),
+    what was live there beside the model states and the activations: the step's temporaries
+    (on CPU, Adam makes the square root of a parameter's second moment and the denominator of
+    its update, a parameter's size each, for every parameter in turn; foreach Adam, one per
+    parameter at once). SGD with momentum updates in place: they go with Adam. 0 elsewhere."""
+    if f.peak_phase != "optimizer" or f.tensor_peak is None:
+        return 0
+    return max(0, f.tensor_peak - (f.parameters + f.gradients + f.optimizer_state + f.activations))
 
 
 LBFGS_DEFAULT_HISTORY = 100  # torch.optim.LBFGS's history_size
