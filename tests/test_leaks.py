@@ -241,7 +241,10 @@ def test_healthy_run_has_no_leak(healthy_runs: list[Path]) -> None:
     warm-up growth, lazy Adam state, evaluations, a bounded deque: nothing leaks."""
     for db, steps in zip(healthy_runs, (45, 40)):
         report = report_json(db)
-        assert report["leaks"] == [] and report["suggestions"] == [], db
+        # nothing to fix; Adam's two states and its step's temporaries (1.08 MiB over SGD's one
+        # state, of 2.14 MiB of tensors) are a real saving, the only suggestion this model earns
+        techniques = [s["technique"] for s in report["suggestions"]]
+        assert report["leaks"] == [] and set(techniques) <= {"lighter_optimizer"}, (db, techniques)
         assert report["leak_check"]["verdict"] == "ok" and report["unexplained_growth"] is None
         with sqlite3.connect(db) as conn:
             inventoried = [r[0] for r in conn.execute("SELECT step FROM inventories ORDER BY step")]

@@ -172,6 +172,10 @@ def test_the_unrelated_memscope_distribution_is_named_with_its_fix(dists: tuple[
     said = (f"memscope: error: the memscope package Python imports ({site / 'memscope' / '__init__.py'}) is not "
             "torch-memscope's: the unrelated memscope 0.1.2 distribution installed its own memscope/__init__.py "
             f"over ours; fix: {fix}\n")
+    # docs/getting-started.md shows this line (the path shortened): rerun here, not by the samples' runner
+    shown = said.replace(str(site), ".../site-packages").rstrip("\n")
+    doc = (ROOT / "docs" / "getting-started.md").read_text()
+    assert f"```text\n$ memscope --version\n{shown}\n```" in doc, shown
     for argv in (["memscope", "--version"], ["memscope", "report", "run.db"],
                  ["python", "-m", "memscope", "--version"]):
         res = run(python, *argv, cwd=tmp_path)

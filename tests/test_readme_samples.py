@@ -63,6 +63,12 @@ def test_the_docs_have_samples_of_every_main_command() -> None:
     assert len(BLOCKS) >= 20, len(BLOCKS)
 
 
+# Samples a setting the samples' runner cannot make reruns instead (a venv with the unrelated
+# memscope distribution installed over ours): (doc, the output's first words) -> the test's file.
+RERUN_ELSEWHERE = {("getting-started.md", "memscope: error: the memscope package Python imports"):
+                   "tests/test_packaging.py"}
+
+
 def test_every_console_block_with_output_is_a_rerun_sample() -> None:
     """A block that shows `$ memscope ...` followed by its output is marked, so it is rerun."""
     for path in ds.DOCS:
@@ -71,6 +77,11 @@ def test_every_console_block_with_output_is_a_rerun_sample() -> None:
         for i in opening:
             body = lines[i + 1:i + 3]
             if len(body) == 2 and body[0].startswith("$ memscope") and not body[1].startswith(("$", "```")):
+                elsewhere = next((test for (doc, start), test in RERUN_ELSEWHERE.items()
+                                  if doc == path.name and body[1].startswith(start)), None)
+                if elsewhere is not None:  # that test compares the block with what it ran
+                    assert path.name in (ds.ROOT / elsewhere).read_text(), elsewhere
+                    continue
                 assert ds.MARKER.match(lines[i - 1]), f"{path.name}:{i + 1}: an output sample that is not rerun"
 
 
