@@ -106,7 +106,7 @@ def test_a_run_file_reads_without_torch(python: Path, tmp_path: Path) -> None:
 
 def test_the_dashboard_without_textual_names_the_install_command(python: Path, tmp_path: Path) -> None:
     """In a real terminal (tmux), where the dashboard would start: ``memscope tui`` refuses in one
-    line, and ``attach`` says the same and records headless."""
+    line, and ``attach`` says the same (a warning: -q keeps it) and records headless."""
     db = tmp_path / "leaky.db"
     shutil.copy(LEAKY, db)
     script = tmp_path / "train.py"
@@ -115,7 +115,7 @@ def test_the_dashboard_without_textual_names_the_install_command(python: Path, t
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in clean_env().items() if k in ("PATH", "HOME", "LANG", "TERM"))
     with terminal() as pane:
         pane.start(f"cd {shlex.quote(str(tmp_path))} && env -i {env} {memscope} tui leaky.db; echo TUI_EXIT=$?; "
-                   f"env -i {env} {memscope} attach --db run.db train.py; echo ATTACH_EXIT=$?; sleep 600")
+                   f"env -i {env} {memscope} attach -q --db run.db train.py; echo ATTACH_EXIT=$?; sleep 600")
         pane.wait_for(lambda s: "ATTACH_EXIT=" in s, what="both commands to end")
         lines = pane.tmux("capture-pane", "-p", "-J", "-t", "t")  # -J: wrapped lines joined again
     install = 'pip install "torch-memscope[tui]"'

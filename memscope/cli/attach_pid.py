@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         if lacking is None:
             dashboard = _Dashboard(db)
         else:
-            say(f"memscope: {lacking}; recording headless")
+            # a warning, as attach's: the dashboard asked for is missing (-q keeps it)
+            print(safe_lines(f"memscope: {lacking}; recording headless"), file=sys.stderr, flush=True)
     outcome = attach_session.watch(session, args.duration, interrupted,
                                    on_poll=(dashboard.closed.is_set if dashboard is not None else None))
     attach_session.finish(session, outcome)
