@@ -92,7 +92,12 @@ def test_each_class_at_every_length(linear: Run, truth: dict[str, list[float]], 
             assert lk.site == site, (length, lk.site, lk.created_at)
         # the bytes its tensors and their graphs keep (what the graphs' nodes cost apart)
         tensor_bytes = sum(lk.bytes_per_step - lk.graph_nodes_per_step * lk.node_cost.bytes for lk in got)
-        assert abs(tensor_bytes - want) <= TOLERANCE * want, (length, tensor_bytes, want)
+        # the queue grows by one item every two steps: the count at an inventory is on the trend
+        # or half an item above it, so a rate between two inventories may be off by half an item
+        # over the steps between them (193 B/step against 192 at 200 steps, by which steps the
+        # allowance let inventories take); every other class grows at every step
+        parity = (6 * 16 * 4 / 2) / (length - 1 - first) if name == "queue" else 0.0
+        assert abs(tensor_bytes - want) <= TOLERANCE * want + parity, (length, tensor_bytes, want)
         assert abs(sum(lk.graph_nodes_per_step for lk in got) - nodes) <= 0.02 * max(nodes, 1), (length, got)
 
 

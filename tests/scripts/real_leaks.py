@@ -102,8 +102,8 @@ def logged(step):
     with progress:
         done_steps[0] = step
         progress.notify_all()
-        # a loaded machine can leave the logger unscheduled for over a second (1 s here made the
-        # rate 193 B/step against 192 in CI): the rate must not depend on it
+        # a loaded machine can leave the logger unscheduled for over a second: the rate must
+        # not depend on it
         progress.wait_for(lambda: args.timed or log_queue.full()
                           or done_steps[1] * (1 if args.clean else 2) > step, timeout=60.0)
 
