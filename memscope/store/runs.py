@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import sqlite3
 import stat
@@ -623,7 +622,7 @@ def default_db_path(command: list[str], now: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     path = f"memscope-{stem}-{stamp}.db"
     while _taken(path):
-        path = f"memscope-{stem}-{stamp}-{secrets.token_hex(4)}.db"
+        path = f"memscope-{stem}-{stamp}-{os.urandom(4).hex()}.db"
     return path
 
 

@@ -33,7 +33,6 @@ import glob
 import json
 import os
 import re
-import secrets
 import sqlite3
 import stat
 import time
@@ -101,7 +100,7 @@ class SpillFile:
                 mode = 0o640 if os.stat(db).st_mode & 0o040 else 0o600
             except OSError:
                 mode = 0o600
-        token = secrets.token_hex(TOKEN_BYTES)
+        token = os.urandom(TOKEN_BYTES).hex()
         path = f"{db}{SUFFIX}-{token}"
         fd = create_new(path, mode)
         try:
