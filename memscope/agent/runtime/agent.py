@@ -24,6 +24,7 @@ import torch
 from memscope.agent.collectors import cuda
 from memscope.agent.torchcompat import frameworks
 from memscope.agent.torchcompat.compiled import compiled_seen
+from memscope.agent.torchcompat.module_parents import module_parents
 from memscope.agent.runtime.config import (
     ENV_DB_ID,
     ENV_SUPERVISOR,
@@ -71,8 +72,11 @@ def _file_id(owns_run: bool) -> tuple[int, int] | None:
 
 
 class Agent:
-    def __init__(self, db: str, options: AgentOptions, owns_run: bool, attach: Any = None) -> None:
+    def __init__(self, db: str, options: AgentOptions, owns_run: bool, attach: Any = None,
+                 at_torch_import: bool = False) -> None:
         self.db = db
+        # started by attach's bootstrap as torch's import ended: no module of the script exists yet
+        self.at_torch_import = at_torch_import
         self.options = options
         self.owns_run = owns_run  # memscope.start() created the run file; attach's supervisor did not
         # injected into a running process (memscope attach --pid): an attached.Attachment
@@ -153,6 +157,8 @@ class Agent:
         self._tracker.on_error = self._backward_error
         # torch.compile(module) results, seen being built: asking costs nothing per step
         self._guard_call("compile", compiled_seen.start)
+        # who holds which module, for the layer names (no heap walk when it can answer)
+        self._guard_call("module parents", lambda: module_parents.start(complete=self.at_torch_import))
         self._guard_call("oom", self._oom.install)
         self._whatif = None  # max_steps, try_techniques, simulate_gpu, tensor_peak (memscope whatif)
         if techniques_wanted(self.options):
@@ -247,6 +253,7 @@ class Agent:
             self._guard_call("evaluations", self._evaluations.finish, time.time(), self._tracker.step)
         self._guard_call("oom", self._oom_finish)
         self._guard_call("compile", compiled_seen.stop)
+        self._guard_call("module parents", module_parents.stop)
         self._guard_call("exec", self._exec.remove)
         self.running = False
         self._writer.close()
@@ -310,6 +317,7 @@ class Agent:
         self._layers.active = False
         self._peak.after_fork()
         self._leaks.after_fork()
+        module_parents.stop()
 
     # -- per-layer profiling -------------------------------------------------------------------
 

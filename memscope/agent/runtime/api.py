@@ -119,8 +119,9 @@ def in_kernel() -> str | None:
     return stem or "notebook"
 
 
-def start_from_env(**options: Any) -> Agent:
-    """Start the agent ``memscope attach`` asked for: the supervisor made the run file."""
+def start_from_env(at_torch_import: bool = False, **options: Any) -> Agent:
+    """Start the agent ``memscope attach`` asked for: the supervisor made the run file.
+    ``at_torch_import``: the bootstrap starts it as torch's import ends (no module built yet)."""
     global _agent
     with _lock:
         if _agent is not None and _agent.running:
@@ -128,7 +129,7 @@ def start_from_env(**options: Any) -> Agent:
         opts = AgentOptions.from_env()
         if options:
             opts = AgentOptions.from_mapping({**json.loads(opts.to_json()), **options})
-        _agent = Agent(os.environ[ENV_DB], opts, owns_run=False)
+        _agent = Agent(os.environ[ENV_DB], opts, owns_run=False, at_torch_import=at_torch_import)
         _agent.start()
         atexit.register(stop)
         return _agent

@@ -21,7 +21,7 @@ def install() -> None:
     if not os.environ.get(ENV_DB):
         return
     if "torch" in sys.modules:
-        _start()
+        _start(at_torch_import=False)  # imported before this bootstrap ran: modules may exist
     else:
         sys.meta_path.insert(0, _TorchWatcher())
 
@@ -62,7 +62,7 @@ def should_instrument() -> tuple[bool, str]:
     return True, ""
 
 
-def _start() -> None:
+def _start(at_torch_import: bool) -> None:
     ok, why = should_instrument()
     if not ok:
         if why.startswith("multiprocessing"):
@@ -71,7 +71,7 @@ def _start() -> None:
     try:
         from memscope.agent.runtime.api import start_from_env
 
-        start_from_env()
+        start_from_env(at_torch_import=at_torch_import)
     except Exception as exc:  # never break the user's script: say it once, carry on
         print(f"memscope: recording disabled in pid {os.getpid()}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -120,7 +120,7 @@ class _StartAfterExec(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self.inner
         self.inner.exec_module(module)
-        _start()
+        _start(at_torch_import=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

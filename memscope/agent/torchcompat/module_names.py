@@ -11,8 +11,9 @@ Wrappers are transparent: ``torch.compile``'s ``OptimizedModule`` (``_orig_mod``
 (``_checkpoint_wrapped_module``) take the name of the module they wrap, so a compiled or DDP
 model has the same names as the plain one.
 
-The container of a module is found by walking up through ``gc.get_referrers`` (a module does
-not know its parent). That scans the heap, so callers cache the result per module; with several
+A module does not know its parent. Its container is what torch's registration hooks saw it put
+in (memscope.agent.torchcompat.module_parents), or else found by walking up through
+``gc.get_referrers``, which scans the heap: callers cache the result per module. With several
 parents (``model[2:]`` builds a Sequential sharing children), the one with the most children
 wins: the model, not a slice of it.
 """
@@ -23,6 +24,8 @@ import gc
 from typing import Any
 
 import torch
+
+from memscope.agent.torchcompat.module_parents import module_parents
 
 # wrapper class name -> the attribute (child name) of the module it wraps
 WRAPPERS = {
@@ -109,6 +112,9 @@ def _could_be_modules(d: dict[Any, Any]) -> bool:
 def _parent(module: Any) -> tuple[Any, str] | None:
     """(a module whose ``_modules`` holds ``module``, under which name): the one with the most
     children when several do."""
+    answered, known = module_parents.parent(module, _children)
+    if answered:
+        return known
     best: tuple[Any, str] | None = None
     for d in gc.get_referrers(module):
         if type(d) is not dict:
