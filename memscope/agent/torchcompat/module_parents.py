@@ -105,8 +105,8 @@ class ModuleParents:
                 best = (holder, name)
         if best is not None:
             return True, best
-        ref = self._seen.get(id(module))
-        if ref is not None and ref() is module:
+        own = self._seen.get(id(module))
+        if own is not None and own() is module:
             return True, None  # built since the start, and nothing seen holds it
         return False, None
 
