@@ -1,21 +1,17 @@
 """Who holds which module, from torch's registration hooks (memscope.agent.torchcompat.module_parents):
 the walk up to a model's outermost container without a heap walk where the registry knows, gc
-where it does not, in process; and under attach, the first profiled step names its layers
-without a single ``gc.get_referrers`` walk."""
+where it does not, in process (under attach: tests/test_torch_import_start.py)."""
 
 from __future__ import annotations
 
 import copy
 import gc
-import textwrap
 import weakref
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import torch.nn as nn
 
-from conftest import cli, memscope
 from memscope.agent.torchcompat.module_names import outermost
 from memscope.agent.torchcompat.module_parents import module_parents
 
@@ -96,45 +92,3 @@ def test_the_registry_keeps_no_module_alive(registry: None) -> None:
     gc.collect()
     assert gone() is None
     assert len(module_parents._seen) == 0
-
-
-def test_attach_names_the_first_profiled_step_without_a_heap_walk(tmp_path: Path) -> None:
-    """A real training under attach: gc.get_referrers counted from before torch's import; the
-    layers of step 1 named as the model names them."""
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
-        import gc
-        calls = []
-        real = gc.get_referrers
-        def counted(*objs):
-            calls.append(1)
-            return real(*objs)
-        gc.get_referrers = counted
-        import torch
-        import torch.nn as nn
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.body = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
-                self.head = nn.Linear(64, 8)
-            def forward(self, x):
-                return self.head(self.body(x))
-
-        model = Net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for step in range(3):
-            loss = model(torch.randn(32, 64)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        print("referrer walks:", len(calls))
-    """))
-    db = tmp_path / "run.db"
-    out = memscope("attach", "--headless", "-q", "--db", str(db), str(script))
-    assert out.returncode == 0, out.stderr
-    assert "referrer walks: 0" in out.stdout, out.stdout
-    layers = cli("layers", str(db), "--step", "1")
-    assert layers.returncode == 0, layers.stderr
-    names = {line.split()[0] for line in layers.stdout.splitlines()[2:] if line.strip()}
-    assert {"body.0", "body.1", "body.2", "head"} <= names, layers.stdout

@@ -52,12 +52,13 @@ class LeakCollector:
         caller clears the list); None when the registry does not run (inventories off)."""
         return self.live.tensors() if self.enabled and self.live.installed else None
 
-    def start(self) -> None:
-        """At agent start: the registry of live tensors (skipped when inventories are off)."""
+    def start(self, fresh: bool = False) -> None:
+        """At agent start: the registry of live tensors (skipped when inventories are off);
+        ``fresh``: as torch's import ended, before any tensor exists."""
         if not self.enabled:
             return
         try:
-            self.live.install()
+            self.live.install(fresh)
         except Exception as exc:
             self._inventory_failed(exc)
 

@@ -167,7 +167,7 @@ class Agent:
             self._guard_call("techniques", self._whatif.install)
         self._guard_call("interrupts", lambda: interrupts.install(self._on_thread_soon))  # ^C goes on
         self._guard_call("exec", self._exec.install)
-        self._guard_call("inventory", self._leaks.start)  # the live-tensor registry
+        self._guard_call("inventory", lambda: self._leaks.start(fresh=self.at_torch_import))  # the live-tensor registry
         if block_profile_wanted(self.options):
             from memscope.agent.whatif.sac_once import OnceProfile
             self._block_profile = OnceProfile(self.event)
