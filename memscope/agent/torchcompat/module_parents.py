@@ -45,13 +45,15 @@ class ModuleParents:
         self.complete = False  # started before any module existed: its answers hold
 
     def start(self, complete: bool) -> None:
-        if self._handles:
+        """``complete``: no module exists yet. Otherwise nothing is installed: a module built
+        before would have holders the hooks never saw, so every answer would be gc's anyway."""
+        if self._handles or not complete:
             return
         handles = [_register("register_module_module_registration_hook", self._on_part),
                    _register("register_module_parameter_registration_hook", self._on_part),
                    _register("register_module_buffer_registration_hook", self._on_part)]
         self._handles = [h for h in handles if h is not None]
-        self.complete = complete and len(self._handles) == 3
+        self.complete = len(self._handles) == 3
 
     def stop(self) -> None:
         handles, self._handles = self._handles, []
