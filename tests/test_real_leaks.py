@@ -212,3 +212,64 @@ def test_the_peak_breakdown_counts_the_leaked_tensors(linear: Run, clean: Run) -
     assert abs(bd["leaked"] - per_step * near) <= 0.05 * per_step * near + 8192, (bd, near, per_step)
     assert list(bd)[-2:] == ["leaked", "other"]
     assert report_json(clean.db)["peak"]["breakdown"]["leaked"] == 0
+
+
+SOMETIMES = 600  # steps of the run whose leak occurs on some steps only
+
+
+@pytest.fixture(scope="module")
+def sometimes(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """pytorch/examples' vae as issue 36 found it: a check on the output and the hidden layer
+    raises on the steps the data decides (about a third), the loop keeps the exception."""
+    case = Case(SCRIPT, ["--leak", "sometimes"], "", steps=SOMETIMES)
+    return attach(case, tmp_path_factory.mktemp("sometimes") / "run.db", SOMETIMES)
+
+
+def _first_rise(steps: list[int], walks: list[list[int]]) -> int | None:
+    """The walk before the first one where a group grew (bytes and saved bytes), among the
+    walks of consecutive steps."""
+    for i in range(1, len(steps)):
+        if steps[i] != steps[i - 1] + 1:
+            return None
+        if walks[i][1] + walks[i][3] > walks[i - 1][1] + walks[i - 1][3]:
+            return steps[i - 1]
+    return None
+
+
+def test_a_leak_on_some_steps_only_is_measured_from_its_first_occurrence(sometimes: Run, tmp_path: Path) -> None:
+    """Its groups' tensors kept per step from their first occurrence to the last inventory, at
+    DEFAULT options, as a run ending at 20, 200 and 600 steps would report them: to 1% (and the
+    report's rounding) of a count
+    without memscope (tests/leaktruth/truth.py after each of the first 24 steps, where it finds
+    each group's first rise itself, and at those inventories). The graph nodes the groups share
+    (the hidden layer's, under the output's and the helper's local's) are charged to either group
+    at an inventory, as its walks fall: the rate is not thrown by that (it was: 3% here, 29% on
+    the vae)."""
+    inv = sometimes.inventory_steps
+    ends = {length: max(s for s in inv if s <= length - 1) for length in (20, 200, SOMETIMES)}
+    out = tmp_path / "truth.json"
+    walk_at = ",".join(["1-24", *map(str, sorted(set(ends.values()) - set(range(1, 25))))])
+    proc = subprocess.run([sys.executable, str(TRUTH), "--at", out.name, walk_at, str(SCRIPT), "--leak", "sometimes",
+                           "--steps", str(SOMETIMES)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    walked: list[int] = doc["steps"]
+    truth = {k: v for k, v in doc["groups"].items() if k.startswith("[10, ")}  # its tensors' shapes
+    site = _line(SCRIPT, "rare_errors.append(e)")
+    for length, last in ends.items():
+        got = [lk for lk in sometimes.leaks_at(length - 1) if lk.shape and lk.shape[0] == 10]
+        assert {f"{lk.shape}|{lk.dtype}|{lk.grad_fn}" for lk in got} == set(truth), (length, got)
+        assert any(str(lk.held_by).startswith("__main__.rare_errors[*].__traceback__.<frame check_output>.")
+                   for lk in got), (length, [lk.held_by for lk in got])
+        for lk in got:
+            walks = truth[f"{lk.shape}|{lk.dtype}|{lk.grad_fn}"]
+            start = _first_rise(walked, walks)
+            assert start is not None and lk.first_step == start and lk.last_step == last, (length, lk, start)
+            a, z = walks[walked.index(start)], walks[walked.index(last)]
+            want = (z[1] + z[3] - a[1] - a[3]) / (last - start)
+            assert lk.site == site, (length, lk.site)
+            # the bytes its tensors and their graphs keep (what the graphs' nodes cost apart)
+            tensor_bytes = lk.bytes_per_step - lk.graph_nodes_per_step * lk.node_cost.bytes
+            rounding = 0.5 + 0.0005 * lk.node_cost.bytes  # bytes a step are whole, nodes to 3 places
+            assert abs(tensor_bytes - want) <= 0.01 * want + rounding, (length, lk.shape, lk.grad_fn, tensor_bytes,
+                                                                        want)

@@ -241,11 +241,17 @@ def _rising(pts: list[Point]) -> Growth | None:
         return None
     if not _steady(window) or not _through_drains(window):
         return None
+    # the rate: what it kept from its first rise to its last inventory, every part (tensors,
+    # saved bytes, graph nodes) over the same span. Drops where none of its tensors went (the
+    # graph nodes it shares with another group charged there at some inventories: their walks'
+    # order) are no drains: the ends are what it kept
     g = _rate(window[0], window[-1])
-    if not _monotone(window):  # drained now and then: from its lowest to where it ends
-        end_step, end = _end(window)
-        span = max(end_step - window[0][0], 1)
-        g.bytes_per_step = (end - min(p[1] for p in window)) / span
+    if not _monotone(window) and not _tensors_kept(window):
+        # drained now and then: from its lowest to where it ends (every part from the same two
+        # inventories, so that the bytes less the nodes' bytes are the tensors' own rate)
+        low = min(window, key=lambda p: p[1])
+        g = _rate(low, _end_point(window), start=window[0][0])
+        g.last_step = window[-1][0]
     g.rate_first, g.rate_last = (_halves(window) if _monotone(window) else _rise_rates(window)) \
         or (g.bytes_per_step, g.bytes_per_step)
     # how often it grew, when inventories were denser than its rises (else: at every one seen)
@@ -287,15 +293,27 @@ def _through_drains(window: list[Point]) -> bool:
     return rises >= MIN_INCREMENTS and _steady(before) and _outgrown(before)
 
 
-def _end(window: list[Point]) -> tuple[float, float]:
-    """(step, size) where a growth ends: its last point; with drops in it (a consumer's drains
-    now and then), the median of its last quarter's points (by steps), so a drain at the last
-    inventory does not decide its rate."""
+def _tensors_kept(window: list[Point]) -> bool:
+    """None of its tensors went at any inventory (their count never fell): a drop in its size
+    is then in what its graphs are charged, not in what it keeps."""
+    return all(q[2] >= p[2] for p, q in zip(window, window[1:]))
+
+
+def _end_point(window: list[Point]) -> Point:
+    """The inventory where a growth ends: its last; with drops in it (a consumer's drains now
+    and then), the median of its last quarter's inventories (by size; the lower of two), so a
+    drain at the last inventory does not decide its rate."""
     if _monotone(window):
-        return float(window[-1][0]), float(window[-1][1])
+        return window[-1]
     a, z = window[0][0], window[-1][0]
-    last = [p for p in window if p[0] >= z - (z - a) / 4]
-    return float(statistics.median(p[0] for p in last)), float(statistics.median(p[1] for p in last))
+    last = sorted((p for p in window if p[0] >= z - (z - a) / 4), key=lambda p: (p[1], p[0]))
+    return last[(len(last) - 1) // 2]
+
+
+def _end(window: list[Point]) -> tuple[float, float]:
+    """(step, size) where a growth ends (:func:`_end_point`)."""
+    p = _end_point(window)
+    return float(p[0]), float(p[1])
 
 
 def _halves(window: list[Point]) -> tuple[float, float] | None:
@@ -370,9 +388,12 @@ def _since_last_reset(pts: list[Point], lows: list[int]) -> Growth | None:
     return _rising(tail)
 
 
-def _rate(a: Point, z: Point) -> Growth:
-    span = max(z[0] - a[0], 1)
-    return Growth(a[0], z[0], (z[1] - a[1]) / span, (z[2] - a[2]) / span, (z[3] - a[3]) / span,
+def _rate(a: Point, z: Point, start: int | None = None) -> Growth:
+    """Every part's growth per step from ``a`` to ``z``, over the steps from ``start`` (``a``'s
+    step unless given: a growth measured from its lowest point, which may come after its start)."""
+    first = a[0] if start is None else start
+    span = max(z[0] - first, 1)
+    return Growth(first, z[0], (z[1] - a[1]) / span, (z[2] - a[2]) / span, (z[3] - a[3]) / span,
                   saved_per_step=(z[4] - a[4]) / span)
 
 

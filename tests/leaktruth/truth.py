@@ -11,6 +11,13 @@ their graphs keep (each node once) and the bytes of the tensors those nodes stil
 "groups": {"shape|dtype|grad_fn": [[count, bytes, nodes, saved_bytes] at A, [...] at B]}} to
 OUT.json.
 
+    python tests/leaktruth/truth.py --at OUT.json STEPS SCRIPT.py [ARGS...]
+
+The walk after each of ``STEPS`` (``1-40,191``: steps 1 to 40 and 191): for a leak kept on some
+steps only, whose rate is measured from its first occurrence (the first of these walks where
+it grew) to a later step. Writes {"steps": [...], "groups": {"shape|dtype|grad_fn": [[count,
+bytes, nodes, saved_bytes] after each step]}} to OUT.json.
+
     python tests/leaktruth/truth.py --many JOBS.json
 
 The same for several scripts, one after the other in this one process (one interpreter and torch
@@ -29,6 +36,7 @@ import gc
 import json
 import runpy
 import sys
+from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -102,23 +110,21 @@ def census() -> dict[str, list[int]]:
     return groups
 
 
-def measure(out: str, a: int, b: int, script: str, args: list[str]) -> None:
-    """Run ``script`` with ``args`` as ``__main__`` and write the walks after optimizer steps
-    ``a`` and ``b`` to ``out``."""
+def _walk_after(steps: list[int], script: str, args: list[str],
+                done: Callable[[dict[int, dict[str, list[int]]]], None]) -> None:
+    """Run ``script`` with ``args`` as ``__main__``, walk after each optimizer step of ``steps``
+    and hand the walks to ``done`` after the last one."""
     taken: dict[int, dict[str, list[int]]] = {}
+    want = set(steps)
     count = [0]
 
     def hook(opt: object, args: object, kwargs: object) -> None:
         step = count[0]
         count[0] += 1
-        if step in (a, b) and step not in taken:
+        if step in want and step not in taken:
             taken[step] = census()
-            if len(taken) == 2:
-                at_a, at_b = taken[a], taken[b]
-                groups = {k: [at_a.get(k, [0, 0, 0, 0]), at_b.get(k, [0, 0, 0, 0])]
-                          for k in set(at_a) | set(at_b)}
-                with open(out, "w") as f:
-                    json.dump({"a": a, "b": b, "groups": groups}, f)
+            if len(taken) == len(want):
+                done(taken)
 
     handle = register_optimizer_step_post_hook(hook)
     sys.argv = [script, *args]
@@ -132,7 +138,44 @@ def measure(out: str, a: int, b: int, script: str, args: list[str]) -> None:
         gc.collect()  # the script's own cycles (its functions and globals) before the next one
 
 
+def _write(out: str, doc: dict[str, Any]) -> None:
+    with open(out, "w") as f:
+        json.dump(doc, f)
+
+
+def measure(out: str, a: int, b: int, script: str, args: list[str]) -> None:
+    """Run ``script`` with ``args`` as ``__main__`` and write the walks after optimizer steps
+    ``a`` and ``b`` to ``out``."""
+    def done(taken: dict[int, dict[str, list[int]]]) -> None:
+        at_a, at_b = taken[a], taken[b]
+        _write(out, {"a": a, "b": b, "groups": {k: [at_a.get(k, [0, 0, 0, 0]), at_b.get(k, [0, 0, 0, 0])]
+                                                for k in set(at_a) | set(at_b)}})
+
+    _walk_after([a, b], script, args, done)
+
+
+def _steps(text: str) -> list[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+
+def measure_at(out: str, steps: list[int], script: str, args: list[str]) -> None:
+    """Run ``script`` with ``args`` as ``__main__`` and write the walk after each optimizer step
+    of ``steps`` to ``out``."""
+    def done(taken: dict[int, dict[str, list[int]]]) -> None:
+        keys = set().union(*taken.values())
+        _write(out, {"steps": steps, "groups": {k: [taken[s].get(k, [0, 0, 0, 0]) for s in steps] for k in keys}})
+
+    _walk_after(steps, script, args, done)
+
+
 def main() -> None:
+    if sys.argv[1] == "--at":
+        measure_at(sys.argv[2], _steps(sys.argv[3]), sys.argv[4], sys.argv[5:])
+        return
     if sys.argv[1] == "--many":
         with open(sys.argv[2]) as f:
             jobs = json.load(f)

@@ -4,7 +4,12 @@ tensors are tiny (2,000 steps take a few seconds):
 * ``traceback``: a check raises inside a helper that holds tensors; the loop keeps the exception
   (``errors.append(e)``): its ``__traceback__`` keeps the helper's frame, its locals and their
   graphs. ``--every N``: the check fails on every N-th step only, from step ``--from``;
-  ``--chance P``: on such a step, with probability P (a seeded draw: the same steps every run).
+  ``--chance P``: on such a step, when the batch says so, with probability P (its first value
+  above the normal distribution's 1 - P quantile: the seeded data decides, the same steps every run).
+* ``sometimes``: pytorch/examples' vae as issue 36 found it: a check on the model's output and
+  hidden layer raises on the steps the batch decides (``--chance P``, default 0.35 for it), the
+  loop keeps the exception; the output's and the helper's local's graphs share the hidden
+  layer's, and backward has run on them (their nodes are kept, not their saved tensors).
 * ``cache``: a ``functools.lru_cache(maxsize=None)`` function returns a new tensor for each new
   argument (the step).
 * ``queue``: a ``queue.Queue`` fed each step; a logger thread takes one item every two steps (it
@@ -28,7 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import queue
-import random
+from statistics import NormalDist
 import threading
 import time
 from collections import deque
@@ -43,7 +48,7 @@ p.add_argument("--leak", default="traceback",
                help="traceback, cache, queue, hooks, sparse, generator, thread, or several, comma-separated")
 p.add_argument("--clean", action="store_true")
 p.add_argument("--every", type=int, default=1)
-p.add_argument("--chance", type=float, default=1.0)
+p.add_argument("--chance", type=float, default=None)
 p.add_argument("--from", dest="start", type=int, default=0)
 p.add_argument("--timed", action="store_true")
 p.add_argument("--layout", default="coo", choices=["coo", "csr"])
@@ -54,6 +59,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 errors = []
+rare_errors = []
 
 
 def check(h, fails):
@@ -61,6 +67,22 @@ def check(h, fails):
     if fails:
         raise ValueError("activation out of range")  # built-in: takes no weak reference
     return scaled
+
+
+def check_output(out, hidden, fails):
+    scaled = hidden * 2.0  # a local of the helper that raises: its traceback keeps it
+    if fails:
+        raise ValueError("output out of range")
+    return scaled
+
+
+def forward_wide(x):
+    """The model on a batch of 10 rows made of ``x`` (shapes of their own), its hidden layer, and
+    a loss of both whose backward frees what their graphs saved."""
+    hidden = model[1](model[0](torch.cat([x, x[:2]])))
+    out = model[2](hidden)
+    (out.square().mean() + hidden.mean()).backward()
+    return out, hidden
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,7 +186,12 @@ def train_step():
 
 
 # each leak: (set-up, what it does after each step); the tensors of each have a shape of their own
-draws = random.Random(36)
+CHANCE = args.chance if args.chance is not None else (0.35 if "sometimes" in args.leak.split(",") else 1.0)
+CUT = NormalDist().inv_cdf(1 - CHANCE) if 0 < CHANCE < 1 else None  # x ~ N(0, 1)
+
+
+def data_says(x):
+    return CHANCE > 0 and (CUT is None or float(x[0, 0]) > CUT)  # the data decides
 
 
 def cache_step(step, x, h):
@@ -233,7 +260,7 @@ def train(steps, leaks):
             model[1].register_forward_hook(stash)  # one more each step
         x, h = train_step()
         if "traceback" in leaks:  # caught in the loop's own frame (a running frame in each traceback)
-            fails = step >= args.start and step % args.every == 0 and draws.random() < args.chance
+            fails = step >= args.start and step % args.every == 0 and data_says(x)
             try:
                 check(model[0](x), fails)
             except ValueError as e:
@@ -241,6 +268,12 @@ def train(steps, leaks):
                     errors.append(str(e))
                 else:
                     errors.append(e)
+        if "sometimes" in leaks:  # the check raises on the steps the data decides
+            out, hidden = forward_wide(x)
+            try:
+                check_output(out, hidden, not args.clean and data_says(x))
+            except ValueError as e:
+                rare_errors.append(e)
         for fn in per_step:
             fn(step, x, h)
         if args.clean and step % 10 == 0:
