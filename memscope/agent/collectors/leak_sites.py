@@ -518,6 +518,14 @@ def _keeps(t: Any, traced: Any) -> Any:
     return match
 
 
+def _is_exception(exc_id: int) -> Any:
+    """A match for the exception of that id, or one chaining to it (``raise X from e``)."""
+    def match(x: Any) -> bool:
+        return isinstance(x, BaseException) and exc_id in (id(x), id(x.__context__), id(x.__cause__))
+    return match
+
+
+_STORE_LINES = 8  # lines after an exception went through a frame where its store is looked for
 _LRU_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
@@ -595,9 +603,24 @@ class _LineTracer:
 
     def __init__(self, owner: SiteCapture, cand: _Candidate | None) -> None:
         self.owner = owner
-        # a called function's tracer watches all of the arming's candidates (the same list)
+        # a called function's tracer watches all of the current arming's candidates
         self.callee = cand is None
-        self.cands = owner._candidates if cand is None else [cand]
+        self._cands = [] if cand is None else [cand]
+        # an exception went through this frame: the line that then put it (its traceback
+        # keeping this frame) in a container, looked for on the next lines; when the frame
+        # returns, its locals' last values are kept by it (an epoch's function that keeps
+        # ``errors.append(e)``: its last batch's tensors)
+        self._exc_lines = 0
+        self._exc_id = 0  # id of that exception (no reference: it would keep its frames)
+        self._line: int | None = None
+        self._frame_store: str | None = None
+
+    @property
+    def cands(self) -> list[_Candidate]:
+        # read each time: the owner's list is replaced at each arming, and a frame that runs
+        # through several (an epoch's function, the training loop) keeps its tracer; a stale
+        # list missed the exception a later arming's candidate was kept by
+        return self.owner._candidates if self.callee else self._cands
 
     @runtime_only
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
@@ -607,7 +630,18 @@ class _LineTracer:
             if event == "exception":
                 if type(arg) is tuple and len(arg) > 2:
                     self._raised(frame, arg[2])  # (the traceback is not on the exception yet)
+                if self._frame_store is None and type(arg) is tuple and len(arg) > 1:
+                    self._exc_lines, self._exc_id = _STORE_LINES, id(arg[1])
                 return self
+            if event == "line" and self._exc_lines:
+                self._exc_lines -= 1
+                if self._line is not None and _in_container(None, frame, _is_exception(self._exc_id)):
+                    self._frame_store = _where(frame.f_code.co_filename, self._line)
+                    self._exc_lines = 0
+            if event == "line":
+                self._line = frame.f_lineno
+            if event == "return" and self._frame_store is not None:
+                self._kept_with_frame(frame)
             if event in ("line", "return"):
                 line = frame.f_lineno
                 for c in self.cands:
@@ -644,6 +678,13 @@ class _LineTracer:
         except Exception:
             return None
         return self
+
+    def _kept_with_frame(self, frame: Any) -> None:
+        """The frame returns, kept by an exception it stored: its locals' values stay."""
+        values = {id(v) for v in frame.f_locals.values()}
+        for c in self.cands:
+            if c.stored is None and id(c.ref()) in values:
+                c.stored = self._frame_store
 
     def _raised(self, frame: Any, tb: Any) -> None:
         """An exception passes through the frame: a candidate that is a local variable of one of

@@ -1,0 +1,30 @@
+"""Exceptions kept per epoch (tests/scripts/epoch_errors.py, pytorch/examples vae's shape): the check
+raises inside a helper on one batch of each epoch and the epoch's function keeps the exception.
+Its traceback keeps the helper's frame and, once the epoch's function returns, that frame with its
+last batch's locals. A real run at default options: each of those groups is stored at the
+``errors.append(e)`` line (the helper's local through the line tracer of a frame that lives
+through several armings; the returned frame's locals through the store seen in that frame)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import SCRIPTS, memscope, report_json
+
+SCRIPT = SCRIPTS / "epoch_errors.py"
+STORE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "# STORE" in line)
+
+
+def test_every_group_kept_by_the_kept_exceptions_is_stored_at_the_append(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    out = memscope("attach", "--headless", "-q", "--db", str(db), str(SCRIPT), "--steps", "200")
+    assert out.returncode == 0, out.stderr
+    leaks = report_json(db)["leaks"]
+    where = f"epoch_errors.py:{STORE}"
+    by_holder = {lk["held_by"]: lk for lk in leaks}
+    scaled = by_holder["__main__.errors[*].__traceback__.<frame check>.scaled"]
+    assert scaled["shape"] == [16, 48] and scaled["site"].endswith(where), scaled
+    x = by_holder["__main__.errors[*].__traceback__.<frame train_epoch>.x"]
+    assert x["shape"] == [16, 64] and x["site"].endswith(where), x
+    loss = next(lk for lk in leaks if lk["shape"] == [])  # the epoch's last loss
+    assert loss["site"].endswith(where), loss
