@@ -3,7 +3,9 @@ raises inside a helper on one batch of each epoch and the epoch's function keeps
 Its traceback keeps the helper's frame and, once the epoch's function returns, that frame with its
 last batch's locals. A real run at default options: each of those groups is stored at the
 ``errors.append(e)`` line (the helper's local through the line tracer of a frame that lives
-through several armings; the returned frame's locals through the store seen in that frame)."""
+through several armings; the returned frame's locals through the store seen in that frame), and
+each local of the returned frame is named through the traceback, also when another group's
+search reached that frame first."""
 
 from __future__ import annotations
 
@@ -26,5 +28,6 @@ def test_every_group_kept_by_the_kept_exceptions_is_stored_at_the_append(tmp_pat
     assert scaled["shape"] == [16, 48] and scaled["site"].endswith(where), scaled
     x = by_holder["__main__.errors[*].__traceback__.<frame train_epoch>.x"]
     assert x["shape"] == [16, 64] and x["site"].endswith(where), x
-    loss = next(lk for lk in leaks if lk["shape"] == [])  # the epoch's last loss
-    assert loss["site"].endswith(where), loss
+    # the epoch's last loss: held by the frame the search reached first for `x`'s group
+    loss = by_holder["__main__.errors[*].__traceback__.<frame train_epoch>.loss"]
+    assert loss["shape"] == [] and loss["site"].endswith(where), loss

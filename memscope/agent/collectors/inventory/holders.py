@@ -147,6 +147,10 @@ class _Search:
         # `data` names the newest, the queue the leak)
         self.old: set[int] = set()
         self.young: dict[Hashable, list[str]] = {}
+        # a group reaching an object already on another group's path (two locals of one frame a
+        # traceback keeps: the epoch's last `x` and `loss`): (id, its path down from there) per
+        # group, named from the other group's name when that one goes through it
+        self.shared: dict[Hashable, list[tuple[int, Path]]] = {}
         for key, lst in samples.items():
             self.own.add(id(lst))
             for i, o in enumerate(lst):
@@ -181,6 +185,8 @@ class _Search:
                 if rid in self.own or rid in self.running_ids:
                     continue
                 if rid in self.objs and (self.objs[rid] is not r or _through_container(self.path[rid][0])):
+                    if self.objs[rid] is r:
+                        self._share(r, fids)
                     continue  # on a path already (one not through a container may be upgraded)
                 try:
                     links = _links(r, fids, self)
@@ -216,6 +222,8 @@ class _Search:
                         self.path[rid] = (value, key)
                         if cid in self.old:
                             self.old.add(rid)
+                    elif self.path[rid][1] != key and self.objs[rid] is r:
+                        self.shared.setdefault(key, []).append((rid, value))  # see shared_name
             referrers.clear()
             del referrers, args
             for key, names in found.items():
@@ -228,6 +236,29 @@ class _Search:
             self.frontier = [o for o in nxt if self.path[id(o)][1] not in self.named
                              and self.budget[self.path[id(o)][1]] > 0]
             nxt.clear()
+
+    def _share(self, r: Any, fids: set[int]) -> None:
+        """``r`` is on another group's path already: remember how it holds this group's objects."""
+        owner = self.path[id(r)][1]
+        try:
+            links = _links(r, fids, self)
+        except Exception:
+            return
+        for cid, kind, value in links:
+            key = self.path[cid][1]
+            if kind == "walk" and key != owner and key not in self.named:
+                self.shared.setdefault(key, []).append((id(r), value))
+
+    def shared_name(self, key: Hashable) -> str | None:
+        """A group's name through an object another group named its holder through: that name,
+        with the other group's path below the object replaced by this group's."""
+        for rid, parts in self.shared.get(key, []):
+            below, other = self.path[rid]
+            name = self.named.get(other)
+            suffix = render(below)
+            if name is not None and suffix and name.endswith(suffix):
+                return name[:len(name) - len(suffix)] + render(parts)
+        return None
 
     def _instance_name(self, r: Any, parts: Path, key: Hashable) -> None:
         """An instance of the script's own class on the way (a LightningModule, a callback):
@@ -243,6 +274,7 @@ class _Search:
             self.others[key] = (rank, f"<{module}.{cls.__qualname__}>{render(parts)}")
 
     def close(self) -> None:
+        self.shared.clear()
         self.frontier.clear()
         self.objs.clear()
         self.path.clear()
@@ -277,7 +309,7 @@ def find_holders(samples: dict[Hashable, list[Any]]) -> dict[Hashable, str | Non
         search.run()
         out: dict[Hashable, str | None] = {}
         for key in samples:
-            name = search.named.get(key)
+            name = search.named.get(key) or search.shared_name(key)
             if name is None:
                 # the container that grows before a variable naming one of its elements; the
                 # script's own names before a library's (Lightning's loop locals ...)
