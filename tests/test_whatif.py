@@ -218,6 +218,17 @@ def test_compare_picks_the_measure_by_device_and_checks_the_estimate() -> None:
     assert (c.measured_by, c.measured_saving_bytes, c.within_tolerance) == ("cuda_allocated", 2000, False)
 
 
+def test_a_failed_trial_measures_nothing() -> None:
+    """A trial that failed (exit 1 in step 0: dcgan's BCELoss given a bfloat16 output) has no
+    tensor peak and no breakdown; its RSS against the baseline's is no saving (it read 16.34 MiB)."""
+    failed = Measure("t.db", "failed", 1, 0, 10**9 - 17_000_000, "rss", None, None, [], False, None)
+    c = compare("mixed_precision", _measure(1000, 900, 10**9), failed, 3_000_000)
+    assert (c.measured_saving_bytes, c.peak_saving_bytes, c.breakdown_saving_bytes, c.tensor_peak_saving_bytes,
+            c.estimate_error, c.within_tolerance) == (None, None, None, None, None, None)
+    done = Measure("t.db", "finished", 0, 3, 10**9 - 50, "rss", None, None, [], False, 700)
+    assert compare("mixed_precision", _measure(1000, 900, 10**9), done, 250).measured_saving_bytes == 300
+
+
 def test_attach_try_rejects_an_unknown_technique(tmp_path: Path) -> None:
     script = tmp_path / "mlp.py"
     script.write_text(MLP)

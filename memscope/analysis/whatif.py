@@ -97,12 +97,15 @@ def estimate_for(suggestions: Iterable[Any], technique: str) -> int | None:
 
 def compare(technique: str, baseline: Measure, trial: Measure,
             estimated: int | None) -> Comparison:
+    # a trial that failed (dcgan: its BCELoss given autocast's bfloat16 output, exit 1 in step 0)
+    # measured nothing: its RSS against the baseline's was taken for a 16.9 MiB saving
+    done = trial.exit_code == 0
     peak_saving = (baseline.peak_bytes - trial.peak_bytes
-                   if baseline.peak_bytes is not None and trial.peak_bytes is not None else None)
+                   if done and baseline.peak_bytes is not None and trial.peak_bytes is not None else None)
     bd_saving = (baseline.breakdown["total"] - trial.breakdown["total"]
-                 if baseline.breakdown and trial.breakdown else None)
+                 if done and baseline.breakdown and trial.breakdown else None)
     tp_saving = (baseline.tensor_peak - trial.tensor_peak
-                 if baseline.tensor_peak is not None and trial.tensor_peak is not None else None)
+                 if done and baseline.tensor_peak is not None and trial.tensor_peak is not None else None)
     if baseline.peak_metric == "cuda_allocated":
         measured_by, measured = baseline.peak_metric, peak_saving
     elif tp_saving is not None:

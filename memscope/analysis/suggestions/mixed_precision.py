@@ -41,8 +41,11 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
       kept and the saving is understated;
     * the working set at the peak besides the saved tensors and the model states (the op output
       being made, the logits the script holds, the loss gradient): outputs and gradients of
-      16-bit ops, so half. Known exactly only from a what-if baseline (its live-tensor peak);
-      taken as 0 otherwise;
+      16-bit ops, so half; not where the step peaked in the optimizer's step (the update's
+      temporaries, unless a closure's forward runs there) nor where other models run beside the
+      first (a GAN's generator, profiled as ``Generator:main.0``: much of it is theirs, a batch
+      from the data loader too; not counted, a lower bound). Known exactly only from a
+      live-tensor peak; taken as 0 otherwise;
     * one fp32 input feeding several matmuls (ng-video-lecture's per-head key / query / value
       projections of one LayerNorm output): fp32, one storage serves them all; under autocast each
       matmul casts and saves its own 16-bit copy. The profile charges the shared input to its
@@ -73,6 +76,7 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
     # modules whose own forward ran SDPA's math kernel on CPU: it computes 16-bit inputs in
     # float32 and saves fp32 scores, dropout mask and q / k / v copies (nanoGPT's attention)
     math = {m for m, ks in f.attention_kernels.items() if "math" in ks} if cpu else set()
+    others = _other_models(f.layers)
     if f.layers:
         total = sum(int(r["saved_bytes"] or 0) for r in f.layers)
         kept = sum(int(r["saved_bytes"] or 0) for r in f.layers
@@ -106,7 +110,15 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         # bound (biases, norm weights and untied embedding tables are not copied for backward)
         copies = f.parameters // 2
         copies_of = "parameters (no inventory: all counted)"
-    working = 0 if hf else _working_set(f)  # a float32 loss keeps fp32 logits beside 16-bit ones
+    # Not halved: a float32 loss keeps fp32 logits beside 16-bit ones; in the optimizer's step
+    # (not a closure's forward there: LBFGS) the working set is the update's temporaries
+    # (pytorch/examples mnist: Adadelta's for fc1's 4.5 MiB weight, halved 1.82 MiB of a
+    # 2.48 MiB figure; whatif measured 322 B); beside other models much of it is theirs
+    # (pytorch/examples dcgan: 2.19 MiB of a 2.83 MiB figure, its generator's second graph and a
+    # batch; autocasting both models saves 0.85 MiB by a profiler's count, the discriminator
+    # alone, what whatif tries, costs 96 KB)
+    halves_working = not hf and (f.peak_phase != "optimizer" or bool(f.closure_forwards)) and not others
+    working = _working_set(f) if halves_working else 0
     saving = halvable // 2 - model_input // 2 - copies + working // 2 - fanout
     if saving <= 0 or f.share(saving) < MIN_SHARE:
         return []
@@ -131,6 +143,13 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
         "GradScaler. With fp16 instead (GPUs without bf16), add `scaler = torch.amp.GradScaler()`: "
         "`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`. "
         "Weights, gradients and optimizer state stay fp32.")]
+
+
+def _other_models(layers: list[dict[str, Any]]) -> set[str]:
+    """Roots of models called beside the first one in the step (a GAN's generator beside its
+    discriminator): a root whose modules are profiled as ``Root:child`` (a loss module called on
+    its own is a root without children)."""
+    return {name.split(":", 1)[0] for r in layers if ":" in (name := str(r["module"] or ""))}
 
 
 def _names(names: list[str]) -> str:
