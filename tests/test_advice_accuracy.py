@@ -18,10 +18,10 @@ mixed_precision and lighter_optimizer through ``memscope whatif`` on two models 
 6 (tests/scripts/ckpt_peak.py: attention scores, CNN blocks), tiny_gpt, resnet, the
 checkpoint_sequential models cnn.py and mlp.py, wide_adam; the whatif baseline's figure and a
 plain attach run's. mixed_precision on pytorch/examples' mnist and dcgan
-(tests/scripts/conv_examples.py): a step peaking in the optimizer's step, a GAN's working set. single_precision (mlp.py in float64 against float32) and
-efficient_attention (gpt.py naive against SDPA) by the changed script's plain run. no_grad,
-suggested after an evaluation ran out of memory, is measured at the failing moment: its
-figure is an upper bound (see its test)."""
+(tests/scripts/conv_examples.py): a step peaking in the optimizer's step, a GAN's working set.
+single_precision (mlp.py in float64 against float32) and efficient_attention (gpt.py naive
+against SDPA) by the changed script's plain run. no_grad, suggested after an evaluation ran
+out of memory, is measured at the failing moment: its figure is an upper bound (see its test)."""
 
 from __future__ import annotations
 
