@@ -185,8 +185,6 @@ class _Search:
                 if rid in self.own or rid in self.running_ids:
                     continue
                 if rid in self.objs and (self.objs[rid] is not r or _through_container(self.path[rid][0])):
-                    if self.objs[rid] is r:
-                        self._share(r, fids)
                     continue  # on a path already (one not through a container may be upgraded)
                 try:
                     links = _links(r, fids, self)
@@ -236,18 +234,6 @@ class _Search:
             self.frontier = [o for o in nxt if self.path[id(o)][1] not in self.named
                              and self.budget[self.path[id(o)][1]] > 0]
             nxt.clear()
-
-    def _share(self, r: Any, fids: set[int]) -> None:
-        """``r`` is on another group's path already: remember how it holds this group's objects."""
-        owner = self.path[id(r)][1]
-        try:
-            links = _links(r, fids, self)
-        except Exception:
-            return
-        for cid, kind, value in links:
-            key = self.path[cid][1]
-            if kind == "walk" and key != owner and key not in self.named:
-                self.shared.setdefault(key, []).append((id(r), value))
 
     def shared_name(self, key: Hashable) -> str | None:
         """A group's name through an object another group named its holder through: that name,
