@@ -271,5 +271,5 @@ def test_a_leak_on_some_steps_only_is_measured_from_its_first_occurrence(sometim
             # the bytes its tensors and their graphs keep (what the graphs' nodes cost apart)
             tensor_bytes = lk.bytes_per_step - lk.graph_nodes_per_step * lk.node_cost.bytes
             rounding = 0.5 + 0.0005 * lk.node_cost.bytes  # bytes a step are whole, nodes to 3 places
-            assert abs(tensor_bytes - want) <= 0.01 * want + rounding, (length, lk.shape, lk.grad_fn, tensor_bytes,
-                                                                        want)
+            assert abs(tensor_bytes - want) <= TOLERANCE * want + rounding, \
+                (length, lk.shape, lk.grad_fn, tensor_bytes, want)
