@@ -3,7 +3,8 @@ raises inside a helper on one batch of each epoch and the epoch's function keeps
 Its traceback keeps the helper's frame and, once the epoch's function returns, that frame with its
 last batch's locals. A real run at default options: each of those groups is stored at the
 ``errors.append(e)`` line (the helper's local through the line tracer of a frame that lives
-through several armings; the returned frame's locals through the store seen in that frame), and
+through several armings; the returned frame's locals through the store seen in that frame, or,
+when the window began after it, through a longer window cued by the frame kept after returning), and
 each local of the returned frame is named through the traceback, also when another group's
 search reached that frame first."""
 
@@ -31,3 +32,9 @@ def test_every_group_kept_by_the_kept_exceptions_is_stored_at_the_append(tmp_pat
     # the epoch's last loss: held by the frame the search reached first for `x`'s group
     loss = by_holder["__main__.errors[*].__traceback__.<frame train_epoch>.loss"]
     assert loss["shape"] == [] and loss["site"].endswith(where), loss
+    # the model's output: its first capture window began after its epoch's exception was kept, so
+    # no store was seen there; the returned frame still referred to is the cue for a longer window,
+    # which sees an epoch from its start, and its storing line replaces the creating line
+    out_ = by_holder["__main__.errors[*].__traceback__.<frame train_epoch>.out"]
+    assert out_["shape"] == [16, 48] and out_["site"].endswith(where), out_
+    assert len(leaks) == 4, [lk["held_by"] for lk in leaks]

@@ -420,11 +420,16 @@ def find_leaks(steps: Sequence[int], rows: Iterable[dict[str, Any]],
     """Leaks from one process's inventory rows, most bytes per step first; retained autograd
     nodes count ``cost`` bytes each."""
     # holder rows come from two places: the holder search (held_by) and creation-site capture
-    # (site, module; schema 4); the first non-null value of each field wins
+    # (site, module; schema 4); the first non-null value of each field wins, except that a
+    # storing line (a site that is not the row's creating line) beats a creating line given
+    # because the window saw no store: a later, longer arming saw what the first one missed
     held: dict[Sig, dict[str, Any]] = {}
     for h in holders:
         sig = tuple(h[c] for c in SIG_COLUMNS)
         d = held.setdefault(sig, {"held_by": None, "site": None, "module": None, "created_at": None})
+        if d["site"] is not None and d["site"] == d["created_at"] and h.get("site") is not None \
+                and h.get("created_at") is not None and h["site"] != h["created_at"]:
+            d["site"] = h["site"]
         for f in d:
             if d[f] is None and h.get(f) is not None:
                 d[f] = h[f]

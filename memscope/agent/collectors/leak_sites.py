@@ -108,7 +108,8 @@ def _where(filename: str, line: int) -> str:
 
 
 class _Candidate:
-    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line", "holder", "caught_in")
+    __slots__ = ("sig", "ref", "created", "stored", "module", "baseline", "last_line", "holder", "caught_in",
+                 "frame_kept")
 
     def __init__(self, sig: Signature, ref: Any, created: str, module: Any) -> None:
         self.sig = sig
@@ -123,6 +124,9 @@ class _Candidate:
         # built-in exceptions take no weak reference, and a strong one would keep the frames)
         self.holder = False
         self.caught_in = 0  # id of the last frame that exception went through: where it is caught
+        # a local of a frame that outlived its return (kept by a stored exception's traceback, a
+        # suspended generator): whatever keeps the frame stored it, maybe before this window
+        self.frame_kept = False
 
 
 class _Mode(TorchFunctionMode):
@@ -403,7 +407,10 @@ class SiteCapture:
         for c in alive:
             by_sig.setdefault(c.sig, []).append(c)
         out: dict[Signature, Site] = {}
+        again: set[Signature] = set()
         for sig, cands in by_sig.items():
+            if not any(c.stored for c in cands) and any(c.frame_kept for c in cands):
+                again.add(sig)  # stored before this window began: a longer one sees the store
             # a survivor in a container (list, dict, deque, set; not a module's globals: one
             # variable does not grow) is the leaked kind; else any survivor
             cands = [c for c in cands if id(c.ref()) in held] or cands
@@ -417,7 +424,7 @@ class SiteCapture:
         self.results.update(out)
         # nothing of a signature survived: its tensors are kept every N steps, not in these;
         # armed again with a longer window (when none is left, it goes without a site)
-        for sig in set(self._armed.values()) - set(out):
+        for sig in (set(self._armed.values()) - set(out)) | again:
             if self._tries.get(sig, 0) < len(WINDOWS):
                 self._pending.add(sig)
         return out
@@ -552,6 +559,9 @@ _ORPHANS: dict[int, Any] = {}
 
 # the arming whose candidates are watched (at most one at a time)
 _ACTIVE: list["SiteCapture"] = []
+# the fewest references a traced frame had at its return (the interpreter's, the trace call's,
+# getrefcount's: 5 under this tracer on CPython 3.11); one with more is kept after returning
+_RETURN_REFS: list[int] = [sys.maxsize]
 # frames never watched for a store: torch, memscope, the standard library
 _NOT_USER = _SKIP_DIRS + (_MEMSCOPE_DIR, sysconfig.get_paths()["stdlib"] + os.sep, "<")
 
@@ -640,8 +650,11 @@ class _LineTracer:
                     self._exc_lines = 0
             if event == "line":
                 self._line = frame.f_lineno
-            if event == "return" and self._frame_store is not None:
-                self._kept_with_frame(frame)
+            if event == "return":
+                if self._frame_store is not None:
+                    self._kept_with_frame(frame)
+                else:
+                    self._note_kept(frame)
             if event in ("line", "return"):
                 line = frame.f_lineno
                 for c in self.cands:
@@ -685,6 +698,23 @@ class _LineTracer:
         for c in self.cands:
             if c.stored is None and id(c.ref()) in values:
                 c.stored = self._frame_store
+
+    def _note_kept(self, frame: Any) -> None:
+        """The frame returns and something still refers to it (more references than the fewest a
+        returning frame had): its locals outlive it, kept by what keeps the frame. The store
+        happened out of this tracer's sight (an epoch's exception kept before the window)."""
+        rc = sys.getrefcount(frame)
+        if rc < _RETURN_REFS[0]:
+            _RETURN_REFS[0] = rc
+        if rc <= _RETURN_REFS[0]:
+            return
+        cands = [c for c in self.cands if c.stored is None and not c.frame_kept and c.ref() is not None]
+        if not cands:
+            return
+        values = {id(v) for v in frame.f_locals.values()}
+        for c in cands:
+            if id(c.ref()) in values:
+                c.frame_kept = True
 
     def _raised(self, frame: Any, tb: Any) -> None:
         """An exception passes through the frame: a candidate that is a local variable of one of
