@@ -15,7 +15,9 @@ highest of:
 * each checkpointed region's rerun: what is live when its backward begins (the regions before it
   still holding only their inputs) plus the most its rerun adds at once;
 * each region's backward: what its backward held at most, less what the regions before it drop;
-* the peak now, where it lies outside all of these (an optimizer step): no plan moves it.
+* the peak now, where it lies outside all of these (an optimizer step): no plan moves it;
+* the optimizer's step, where its own peak was measured apart (memscope.analysis.step_peaks):
+  a peak in backward falls only down to it.
 
 What was live around each region's backward (the :class:`Backward` "timeline") is measured by a
 ``memscope whatif`` baseline (the ``sac_live`` event), else modelled (:func:`modelled_backward`)
@@ -121,9 +123,10 @@ def modelled_backward(peak: int, beside: int, regions: Sequence[Region], unmade:
     return Backward(peak, tuple(reversed(windows)), tuple(starts), measured=False)
 
 
-def peak_after(peak: int, live: Backward, regions: Sequence[Region]) -> PeakAfter:
+def peak_after(peak: int, live: Backward, regions: Sequence[Region], optimizer: int | None = None) -> PeakAfter:
     """The step's peak once the ``checkpointed`` regions are (the module docstring's terms),
-    from the peak now and the timeline around the regions."""
+    from the peak now and the timeline around the regions; ``optimizer``: the optimizer step's
+    own peak, where measured apart."""
     drops = [r.drop for r in regions]
     n = len(regions)
 
@@ -152,6 +155,8 @@ def peak_after(peak: int, live: Backward, regions: Sequence[Region]) -> PeakAfte
                       _parts(beside, r, ("its backward's transients: the gradients it makes", window - start))))
     if peak > max([forward] + [w for _, w in live.blocks]):
         terms.append((peak, "outside the checkpointed regions (the optimizer step)", (("the peak now", peak),)))
+    if optimizer is not None:
+        terms.append((optimizer, "the optimizer's step", (("its live-tensor peak, measured", optimizer),)))
     best = max(terms, key=lambda t: t[0])
     return PeakAfter(best[0], best[1], best[2], dropped(n))
 

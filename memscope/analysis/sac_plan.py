@@ -294,12 +294,14 @@ def regions(p: BlockProfile, plan: Point, held: Sequence[int] = (), outputs: Seq
             for k in range(p.blocks)]
 
 
-def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Point) -> int:
+def predicted_peak(baseline_peak: int, live: Backward, p: BlockProfile, plan: Point,
+                   optimizer: int | None = None) -> int:
     """The step's peak under ``plan`` from the baseline's peak and its timeline around the
-    blocks (:func:`memscope.analysis.checkpoint_peak.peak_after`)."""
+    blocks (:func:`memscope.analysis.checkpoint_peak.peak_after`; ``optimizer``: the optimizer
+    step's own peak, where measured apart)."""
     if plan.save is None or plan.blocks == 0:
         return baseline_peak
-    return peak_after(baseline_peak, live, regions(p, plan)).bytes
+    return peak_after(baseline_peak, live, regions(p, plan), optimizer).bytes
 
 
 def from_events(profile_events: list[dict[str, Any]], live_events: list[dict[str, Any]]) \

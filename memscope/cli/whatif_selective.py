@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memscope.analysis import sac_plan
+from memscope.analysis import sac_plan, step_peaks
 from memscope.display import shown_text
 from memscope.report.sac_code import policy_code
 from memscope.store.reader import RunReader
@@ -22,6 +22,7 @@ class SelectiveTrial:
     curve: list[sac_plan.Point] = field(default_factory=list)
     why: str = ""
     measured_peak: int | None = None
+    optimizer_peak: int | None = None  # the baseline's optimizer step's own peak (step_peaks)
 
     @classmethod
     def from_baseline(cls, reader: RunReader, baseline_peak: int | None) -> "SelectiveTrial":
@@ -35,7 +36,9 @@ class SelectiveTrial:
             return cls(why=str(refused[0]) if refused else
                        "the baseline recorded no block profile (no repeated blocks called under grad)")
         profile, backward = found
-        return cls(profile, backward, baseline_peak, sac_plan.suggested(profile), sac_plan.curve(profile))
+        peaks = step_peaks.of_run(reader)
+        return cls(profile, backward, baseline_peak, sac_plan.suggested(profile), sac_plan.curve(profile),
+                   optimizer_peak=peaks.optimizer if peaks is not None else None)
 
     @property
     def ok(self) -> bool:
@@ -48,7 +51,7 @@ class SelectiveTrial:
     def predicted(self, pt: sac_plan.Point) -> int | None:
         if self.profile is None or self.baseline_peak is None or self.backward is None:
             return None
-        return sac_plan.predicted_peak(self.baseline_peak, self.backward, self.profile, pt)
+        return sac_plan.predicted_peak(self.baseline_peak, self.backward, self.profile, pt, self.optimizer_peak)
 
     def as_json(self) -> dict[str, Any]:
         if self.profile is None or self.plan is None:

@@ -1,11 +1,16 @@
 """Two pytorch/examples scripts whose mixed_precision figure was wrong, on random data, one per
 argv[1] (four steps):
 
-* ``mnist``: its model and loop (two convolutions, max pooling, dropout, a 9216 x 128 linear
-  layer: 4.5 MiB of its 4.6 MiB of weights) with Adadelta at batch 16. The step's live tensors
-  peak in the optimizer's step (the update's temporaries of that weight beside the model
-  states), after backward freed the activations: autocast changes nothing there (whatif
-  measures 322 B); the figure was 2.48 MiB, those temporaries halved as a 16-bit op's output.
+* ``mnist [BATCH [OPTIMIZER [MICRO [bce]]]]``: its model and loop (two convolutions, max pooling,
+  dropout, a 9216 x 128 linear layer: 4.5 MiB of its 4.6 MiB of weights) with Adadelta (or
+  ``adam``) at batch 16, optionally accumulated over MICRO micro-batches, its loss optionally
+  an ``nn.BCELoss`` of the probabilities (dcgan's loss, which takes no bfloat16 input). The step's live
+  tensors peak twice, close together: in backward (activations, gradients, states) and in the
+  optimizer's step (the update's temporaries of that weight, 9 MiB, beside the states), the
+  first growing with the batch. At 16 the optimizer's is 1.0 MiB higher: autocast changes
+  nothing there (whatif measures a few bytes; the figure was 2.48 MiB, those temporaries
+  halved as a 16-bit op's output), and SGD's saving stops at backward's peak. At 24 backward's
+  is 3.0 MiB higher: autocast's 3.8 MiB off it stop at the optimizer's.
 * ``dcgan``: its generator and discriminator (transposed convolutions, BatchNorm, ReLU / Tanh;
   convolutions, LeakyReLU, Sigmoid, BCELoss), two Adam optimizers, batch 8 of 64 x 64 images
   from a DataLoader, and the script's sample of the generator on fixed noise at the first batch
@@ -23,6 +28,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 case = sys.argv[1]
+batch = int(sys.argv[2]) if len(sys.argv) > 2 else 16  # mnist: the batch
+optimizer = sys.argv[3] if len(sys.argv) > 3 else "adadelta"  # mnist: adadelta or adam
+micro = int(sys.argv[4]) if len(sys.argv) > 4 else 1  # mnist: micro-batches per optimizer step
+bce = len(sys.argv) > 5 and sys.argv[5] == "bce"  # mnist: nn.BCELoss on the probabilities
 torch.manual_seed(0)
 
 
@@ -57,12 +66,15 @@ class Images(torch.utils.data.Dataset):
 
 if case == "mnist":
     model = Net()
-    opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    opt = torch.optim.Adadelta(model.parameters(), lr=1.0) if optimizer == "adadelta" \
+        else torch.optim.Adam(model.parameters(), lr=1e-3)
     for step in range(4):
-        data, target = torch.rand(16, 1, 28, 28), torch.randint(0, 10, (16,))
         opt.zero_grad()
-        loss = F.nll_loss(model(data), target)
-        loss.backward()
+        for _ in range(micro):
+            data, target = torch.rand(batch // micro, 1, 28, 28), torch.randint(0, 10, (batch // micro,))
+            out = model(data)
+            loss = (nn.BCELoss()(out.exp(), F.one_hot(target, 10).float()) if bce else F.nll_loss(out, target)) / micro
+            loss.backward()
         opt.step()
 else:
     nz, ngf, ndf = 100, 8, 8

@@ -125,7 +125,7 @@ class PeakStep:
                 missed = f" ({uncounted} tensor(s) without a storage not counted)" if uncounted else ""
                 data = {"step": step, "peak_bytes": high, "start_bytes": start,
                         "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted, "one_step": True,
-                        "phase": peak.phase_at_peak}
+                        "phase": peak.phase_at_peak, "phases": peak.phases()}
                 over = ""
                 if self.measure.cut_at is not None:
                     measured = self.measure.cut_at[1]

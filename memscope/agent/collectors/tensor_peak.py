@@ -37,7 +37,11 @@ class TensorPeak:
     nothing; a tensor whose storage cannot be read is counted in ``uncounted`` (the event says so).
     ``grads_at_peak``: bytes of the parameters' ``.grad`` counted at the step's start still live
     at its peak (0 when the script freed them before: ``zero_grad()`` ahead of the forward);
-    gradient accumulation keeps them live through every micro-batch."""
+    gradient accumulation keeps them live through every micro-batch.
+    ``phase_peaks``: per phase, the highest total reached in it and the total when the stretch of
+    that phase holding it began (its first new storage): a step's backward and its optimizer
+    step peak apart, and a technique that lowers one lowers the step's peak only down to the
+    other (memscope.analysis.suggestions.step_peaks)."""
 
     def __init__(self, outside_compile: bool = False, phase: Callable[[], str] | None = None) -> None:
         # outside_compile: the caller does not start measuring under compile (the plain run's
@@ -61,6 +65,10 @@ class TensorPeak:
         self._grads: set[int] = set()  # keys of the .grad storages counted at the step's start
         self.grads_live = 0  # their bytes still live
         self.grads_at_peak = 0  # grads_live when the peak was reached
+        self.phase_peaks: dict[str, tuple[int, int]] = {}  # phase -> (its peak, its stretch's start)
+        self._stretch: tuple[str | None, int] = (None, 0)  # the phase of the last new storage, and
+        # the total when that phase's stretch began
+        self._closure = False  # the optimizer's step ran a forward and backward (see add)
         self._refs: set[weakref.ReferenceType[Any]] = set()
         self._lock = threading.RLock()  # a callback can fire inside add() on the same thread
         self._mode: Any = None
@@ -122,6 +130,7 @@ class TensorPeak:
                 found.clear()  # strong references to the program's tensors
         self.start = self.total
         self.grads_at_peak = self.grads_live
+        self.phase_peaks, self._stretch, self._closure = {}, (None, 0), False  # the step's own ops only
         self.active = True
         self._mode = _Mode()
         self._mode.__enter__()
@@ -191,17 +200,38 @@ class TensorPeak:
             with self._lock:
                 if key in self.live:
                     continue
+                phase = self._phase_now()
+                # (the walk of what is live at the step's start is no phase's)
+                if self.active and phase is not None and phase != self._stretch[0]:
+                    # a backward straight after the optimizer's step began: a closure it evaluates
+                    # (LBFGS, Lightning), whose forward ran in the optimizer's step
+                    self._closure = self._closure or (self._stretch[0] == "optimizer" and phase == "backward")
+                    self._stretch = (phase, self.total)
                 self.live[key] = nbytes
                 self.total += nbytes
+                if self.active and phase is not None and self.total > self.phase_peaks.get(phase, (-1, 0))[0]:
+                    self.phase_peaks[phase] = (self.total, self._stretch[1])
                 if self.total > self.peak:
                     self.peak = self.total
                     self.grads_at_peak = self.grads_live
-                    if self._phase is not None:
-                        try:
-                            self.phase_at_peak = self._phase()
-                        except Exception:
-                            self.phase_at_peak = None
+                    self.phase_at_peak = phase
                 self._refs.add(weakref.ref(st, self._released(key)))
+
+    def _phase_now(self) -> str | None:
+        if self._phase is None:
+            return None
+        try:
+            return self._phase()
+        except Exception:
+            return None
+
+    def phases(self) -> dict[str, dict[str, int]]:
+        """The ``tensor_peak`` event's ``phases``: phase -> {peak_bytes, start_bytes}; empty where
+        the optimizer's step evaluated a closure (its peak is the model's too: not two sides)."""
+        with self._lock:
+            if self._closure:
+                return {}
+            return {p: {"peak_bytes": high, "start_bytes": start} for p, (high, start) in self.phase_peaks.items()}
 
     def _released(self, key: int) -> Callable[[Any], None]:
         def callback(ref: Any) -> None:

@@ -4,10 +4,12 @@ them on CPU (:class:`memscope.agent.collectors.tensor_peak.TensorPeak`, on every
 the step limit that ends a trial (``--max-steps``), and the ``--simulate-gpu`` cap
 (memscope.agent.whatif.simulate). :class:`Controller` is the agent's one entry.
 
-* ``lighter_optimizer``: ``torch.optim.Adam`` / ``AdamW`` are replaced, at agent start (right
-  after ``import torch``, before the script builds anything), by a subclass of
-  ``torch.optim.SGD(momentum=0.9)`` that takes the same arguments: one state tensor per
-  parameter instead of two.
+* ``lighter_optimizer``: the optimizers that keep two states per parameter (``torch.optim.Adam``,
+  ``AdamW``, ``Adadelta`` (pytorch/examples' mnist), ``Adamax``, ``NAdam``, ``RAdam``) are
+  replaced, at agent start (right after ``import torch``, before the script builds anything), by
+  a subclass of ``torch.optim.SGD(momentum=0.9)`` that takes the same arguments: one state
+  tensor per parameter instead of two, what the ``lighter_optimizer`` suggestion proposes for
+  each of them.
 * ``mixed_precision``: the root module's forward runs under
   ``torch.autocast(device_type, dtype=torch.bfloat16)`` (device of its first parameter). A loss
   computed outside the forward stays as the script has it.
@@ -78,7 +80,7 @@ class Controller:
                     agent.event("tensor_peak", f"step {step}: live tensor bytes peaked at {peak}{missed}",
                                 {"step": step, "peak_bytes": peak, "start_bytes": start,
                                  "start_grad_bytes_at_peak": grads, "uncounted_tensors": uncounted,
-                                 "phase": self.peak.phase_at_peak})
+                                 "phase": self.peak.phase_at_peak, "phases": self.peak.phases()})
                 if not (agent.options.max_steps and step + 1 >= agent.options.max_steps):
                     self.peak.begin(step + 1)
             except Exception as exc:
@@ -128,11 +130,15 @@ def end_at_max_steps(agent: "CollectorHost", done: int) -> None:
 # -- lighter_optimizer -----------------------------------------------------------------------------
 
 
+# torch.optim's optimizers with two states per parameter, and their default learning rates
+TWO_STATES = {"Adam": 1e-3, "AdamW": 1e-3, "Adadelta": 1.0, "Adamax": 2e-3, "NAdam": 2e-3, "RAdam": 1e-3}
+
+
 def _swap_adam(agent: "CollectorHost") -> None:
     optim = torch.optim
 
-    def make(name: str) -> type:
-        def __init__(self: Any, params: Any, lr: Any = 1e-3, *args: Any, **kwargs: Any) -> None:
+    def make(name: str, default_lr: float) -> type:
+        def __init__(self: Any, params: Any, lr: Any = default_lr, *args: Any, **kwargs: Any) -> None:
             torch.optim.SGD.__init__(self, params, lr=lr, momentum=0.9)
             agent.event("technique", f"lighter_optimizer: {name}(...) built as SGD(momentum=0.9)",
                         {"technique": "lighter_optimizer", "applied": True, "replaced": name})
@@ -140,9 +146,9 @@ def _swap_adam(agent: "CollectorHost") -> None:
         # a real subclass: isinstance(opt, Optimizer) and LR schedulers keep working
         return type(f"{name}AsSGD", (torch.optim.SGD,), {"__init__": __init__, "__module__": __name__})
 
-    for name in ("Adam", "AdamW"):
+    for name, lr in TWO_STATES.items():
         if isinstance(getattr(optim, name, None), type):
-            setattr(optim, name, make(name))
+            setattr(optim, name, make(name, lr))
 
 
 # -- model-level techniques ------------------------------------------------------------------------

@@ -232,12 +232,16 @@ def checkpoint_plan(f: Facts, selective: sac_plan.Point | None = None) -> Checkp
     output = int((rows.get("") or {}).get("output_bytes") or 0)
     beside = states + max(0, outside - loss) + output
     unmade = max(0, f.gradients - f.peak_grads) if f.peak_grads is not None else 0
+    optimizer = f.step_peaks.optimizer if f.step_peaks is not None else None
 
     def plan_for(mode: str, segments: int, regions: list[Region], source: str,
                  live: Backward | None = None) -> CheckpointPlan:
-        timeline = live if live is not None else modelled_backward(peak, beside, regions, unmade, output)
+        # modelled: the forward ends at the peak outside the optimizer's step (where known apart)
+        model_peak = f.step_peaks.model if f.step_peaks is not None else peak
+        timeline = live if live is not None else modelled_backward(model_peak, beside, regions, unmade, output)
         return CheckpointPlan(parent, blocks, mode, segments, regions, total, outside, peak,
-                              peak_after(peak, timeline, regions), live is not None, source, beside, states)
+                              peak_after(peak, timeline, regions, optimizer), live is not None, source, beside,
+                              states)
 
     p = f.block_profile
     profiled = p is not None and p.container == parent and p.blocks == count

@@ -13,6 +13,7 @@ from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories
 from memscope.analysis.oom import ABSURD_REQUEST, demand
 from memscope.analysis.oom_limits import attention_scores
+from memscope.analysis.step_peaks import StepPeaks, from_event
 from memscope.analysis.summary import RunSummary
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
@@ -66,6 +67,9 @@ class Facts:
     peak_grads: int | None = None
     # the step's phase when it peaked: forward, backward, optimizer, other (None: files from before)
     peak_phase: str | None = None
+    # the same step's peak outside its optimizer's step and in it (memscope.analysis.step_peaks):
+    # a change to one side lowers the step's peak only down to the other; None: not known
+    step_peaks: StepPeaks | None = None
     oom_allocator: dict[str, Any] | None = None  # the CUDA allocator's state at the run's OOM
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF already has expandable_segments
     layer_scale: float | None = None  # layer rows scaled from the profiled step to the OOM's activations
@@ -99,6 +103,12 @@ class Facts:
 
     def share(self, n: int) -> float:
         return n / self.tensor_total if self.tensor_total else 0.0
+
+    @property
+    def model_peak(self) -> int | None:
+        """The live-tensor peak outside the optimizer's step where that is known apart
+        (``step_peaks``), else the step's (``tensor_peak``)."""
+        return self.step_peaks.model if self.step_peaks is not None else self.tensor_peak
 
     @property
     def trainable_bytes(self) -> int:
@@ -182,6 +192,8 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                  tensor_peak=tensor_peak, oom_allocator=oom_alloc,
                  peak_grads=int(grads_at_peak) if isinstance(grads_at_peak, int) else None,
                  peak_phase=top.get("phase") if isinstance(top.get("phase"), str) else None,
+                 # a closure optimizer (LBFGS) runs forwards in its step: not two sides
+                 step_peaks=None if at_failure or s.hotspot_closure_forwards else from_event(top),
                  expandable_segments=expandable, layer_scale=scale, basis=basis,
                  micro_batches=s.hotspot_micro_batches, closure_forwards=s.hotspot_closure_forwards,
                  attention_scores=attention_scores(s.oom.data) if at_failure and s.oom is not None else 0,
@@ -286,14 +298,16 @@ def _device_total(reader: RunReader) -> int | None:
 
 
 def _working_set(f: Facts) -> int:
-    """Live tensor bytes at the peak besides the model states and the saved activations: the op
+    """Live tensor bytes at the peak (the model side's, where the step's optimizer step peaks on
+    its own: ``Facts.model_peak``) besides the model states and the saved activations: the op
     output being made, tensors the script holds (logits), the loss gradient. Known from the
     live-tensor peak (``Facts.tensor_peak``); 0 without it. States are counted live at the
     peak (gradients of the previous step too): a lower bound, so no saving is overstated."""
-    if f.tensor_peak is None:
+    peak = f.model_peak
+    if peak is None:
         return 0
     states = f.parameters + f.gradients + f.optimizer_state
-    return max(0, f.tensor_peak - states - f.activations)
+    return max(0, peak - states - f.activations)
 
 
 def _float64_share(f: Facts) -> float:

@@ -22,14 +22,17 @@ def batch_scaled(f: Facts) -> tuple[int, int]:
     freed: the saving is not overstated. A script that accumulates already peaks in a later
     micro-batch, its gradients live (2 x 1024 rows to 4 x 512: 6.5 MiB measured, 6.5 MiB
     without taking them off, 5.5 MiB with). Without the peak (CPU runs from before it, or a
-    step not measured: torch.compile), the activations alone."""
-    if f.tensor_peak is None:
+    step not measured: torch.compile), the activations alone. Where the step's optimizer step
+    peaks apart (``Facts.step_peaks``), the peak outside it: the optimizer's temporaries do not
+    scale with the micro-batch."""
+    peak = f.model_peak
+    if peak is None:
         return f.activations, 0
     missing = max(0, f.gradients - f.peak_grads) if f.peak_grads is not None else 0
     if (f.micro_batches or 1) - f.closure_forwards > 1:
         missing = 0
     states = f.parameters + f.gradients - missing + f.optimizer_state
-    return max(f.activations, f.tensor_peak - states), missing
+    return max(f.activations, peak - states), missing
 
 
 def gradient_accumulation(f: Facts) -> list[Suggestion]:
@@ -38,7 +41,11 @@ def gradient_accumulation(f: Facts) -> list[Suggestion]:
         return []
     k = ACCUMULATION
     scaled, grads = batch_scaled(f)
-    saving = scaled - scaled // k - grads
+    model_side = scaled - scaled // k - grads
+    if model_side <= 0:
+        return []
+    # the optimizer's step keeps its peak (the same gradients, states and temporaries)
+    saving = f.step_peaks.saving(model_side) if f.step_peaks is not None else model_side
     if saving <= 0:
         return []
     n = max(1, (f.micro_batches or 1) - f.closure_forwards)  # the script's own micro-batches
@@ -71,4 +78,6 @@ def gradient_accumulation(f: Facts) -> list[Suggestion]:
     if grads:
         evidence += (f", and the {_b(grads)} of gradients the script frees before its forward stay "
                      "live across the micro-batches")
+    if f.step_peaks is not None:
+        evidence += f.step_peaks.capped(model_side)
     return [Suggestion("gradient_accumulation", saving, evidence, how)]

@@ -45,7 +45,10 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
       temporaries, unless a closure's forward runs there) nor where other models run beside the
       first (a GAN's generator, profiled as ``Generator:main.0``: much of it is theirs, a batch
       from the data loader too; not counted, a lower bound). Known exactly only from a
-      live-tensor peak; taken as 0 otherwise;
+      live-tensor peak; taken as 0 otherwise. Where the step's two peaks are known apart
+      (``Facts.step_peaks``) it is the working set at the peak outside the optimizer's step, and
+      the saving at the step's peak stops at the optimizer step's peak, which autocast leaves
+      alone (memscope.analysis.step_peaks);
     * one fp32 input feeding several matmuls (ng-video-lecture's per-head key / query / value
       projections of one LayerNorm output): fp32, one storage serves them all; under autocast each
       matmul casts and saves its own 16-bit copy. The profile charges the shared input to its
@@ -117,9 +120,17 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
     # (pytorch/examples dcgan: 2.19 MiB of a 2.83 MiB figure, its generator's second graph and a
     # batch; autocasting both models saves 0.85 MiB by a profiler's count, the discriminator
     # alone, what whatif tries, costs 96 KB)
-    halves_working = not hf and (f.peak_phase != "optimizer" or bool(f.closure_forwards)) and not others
+    # With the step's two peaks known apart (f.step_peaks), the working set is the model side's,
+    # and the saving at the step's peak stops at the optimizer step's peak, which autocast does
+    # not change (pytorch/examples mnist at batch 20: 2.75 MiB off backward's peak, 1.02 MiB
+    # above the optimizer's: the figure was 2.75 MiB, whatif measured 1.02 MiB)
+    halves_working = not hf and (f.step_peaks is not None or f.peak_phase != "optimizer"
+                                 or bool(f.closure_forwards)) and not others
     working = _working_set(f) if halves_working else 0
-    saving = halvable // 2 - model_input // 2 - copies + working // 2 - fanout
+    model_side = halvable // 2 - model_input // 2 - copies + working // 2 - fanout
+    if model_side <= 0:
+        return []
+    saving = f.step_peaks.saving(model_side) if f.step_peaks is not None else model_side
     if saving <= 0 or f.share(saving) < MIN_SHARE:
         return []
     dev = "cuda" if f.device.startswith("cuda") else "cpu"
@@ -133,16 +144,29 @@ def mixed_precision(f: Facts) -> list[Suggestion]:
     if fanout:
         parts.append(f"minus {_b(fanout)} of bf16 copies of fp32 inputs shared by several matmuls "
                      "(each casts its own)")
+    capped = f.step_peaks.capped(model_side) if f.step_peaks is not None else ""
     return [Suggestion(
         "mixed_precision", saving,
         f"parameters are fp32 ({_b(fp32_params or f.parameters)}) and activations fp32; {basis}; "
-        + "; ".join(parts),
+        + "; ".join(parts) + capped,
         f'run the model\'s forward under autocast: `with torch.autocast("{dev}", '
         "dtype=torch.bfloat16): out = model(x)`, and the loss, backward and optimizer.step() "
         "after it as before (the loss then works on the 16-bit output); bf16 needs no "
         "GradScaler. With fp16 instead (GPUs without bf16), add `scaler = torch.amp.GradScaler()`: "
         "`scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`. "
-        "Weights, gradients and optimizer state stay fp32.")]
+        "Weights, gradients and optimizer state stay fp32." + _bce_note(f.layers))]
+
+
+def _bce_note(layers: list[dict[str, Any]]) -> str:
+    """What to change where the profile shows an ``nn.BCELoss``: it takes no 16-bit input (on
+    CPU a dtype error against the fp32 target, on CUDA autocast refuses it as unsafe), so the
+    loss after an autocast forward fails at its first step (pytorch/examples dcgan: whatif's
+    mixed_precision trial does)."""
+    if not any(str(r["type"] or "") == "BCELoss" for r in layers):
+        return ""
+    return (" This script's nn.BCELoss takes no bfloat16 input and fails on the autocast output: drop "
+            "the model's final Sigmoid and use nn.BCEWithLogitsLoss (autocast runs it in float32, and it "
+            "is the numerically safer form), or keep BCELoss on `output.float()`.")
 
 
 def _other_models(layers: list[dict[str, Any]]) -> set[str]:
