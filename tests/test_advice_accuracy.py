@@ -65,7 +65,7 @@ def _without_peak(db: str) -> dict[str, int]:
     def gather_no_peak(reader: Any, s: Any) -> Any:
         f = gather(reader, s)
         if f is not None:
-            f.tensor_peak = f.peak_grads = None
+            f.tensor_peak = f.peak_grads = f.step_peaks = None  # step_peaks: the same peak, per side
         return f
 
     with RunReader(db) as reader, mock.patch("memscope.analysis.suggestions.gather", gather_no_peak):
