@@ -202,6 +202,30 @@ def test_a_transformers_model_is_told_gradient_checkpointing_enable(matrix: Any)
     assert "float32 loss" in by["mixed_precision"].evidence
     plain = {s.technique: s for s in matrix["ng-video-lecture"][1]}  # not a transformers model
     assert "gradient_checkpointing_enable" not in plain["activation_checkpointing"].how
+    # selective checkpointing too: blocks wrapped by hand would run with the KV cache on
+    sac = by["selective_checkpointing"].how
+    assert "gradient_checkpointing_enable(" in sac and '"context_fn": functools.partial(' in sac, sac
+    assert "use_cache = False" in sac and "wrap each block" not in sac, sac
+    assert plain["selective_checkpointing"].how.startswith("wrap each block"), plain["selective_checkpointing"]
+
+
+def test_selective_checkpointing_of_a_transformers_model_is_measured(tmp_path: Path) -> None:
+    """peft's LoRA GPT-2 with its blocks wrapped by hand: the model's KV cache, on in training,
+    grows between a block's forward and its recompute, which then runs other ops, and SAC's replay
+    failed ("aten.slice.Tensor encountered during backward but not found in storage"): the trial
+    exited 1, as the advice followed by hand would. The trial turns the cache off, as
+    ``gradient_checkpointing_enable`` does, and measures the estimate within 20%."""
+    _needs_transformers()
+    out = memscope("whatif", "--json", "--steps", "2", "--db-dir", str(tmp_path), "--try",
+                   "selective_checkpointing", str(ROOT / "tests" / "thirdparty" / "lora_gpt2.py"), "1000")
+    assert out.returncode == 0, out.stderr[-3000:]
+    trial = json.loads(out.stdout)["trials"][0]
+    assert trial["status"] == "finished" and trial["how"][0]["use_cache_off"] is True, trial
+    assert trial["measured_by"] == "tensor_peak" and trial["estimated_saving_bytes"], trial
+    assert abs(trial["estimate_error"]) <= ACCURACY, trial
+    from memscope.report.sac_code import policy_code  # the plan as code says it to a hand wrapper
+
+    assert "model.config.use_cache = False" in policy_code(["aten.addmm"], "transformer.h", "GPT2Block")
 
 
 # the project's scripts: name -> (script and arguments, whatif's trials, the plain attach run

@@ -41,6 +41,8 @@ class Selective(torch.nn.Module):  # wraps one {block_type}
 for i, block in enumerate({blocks}):
     {blocks}[i] = Selective(block)
 
-# Hugging Face: model.gradient_checkpointing_enable(
+# Hugging Face: instead of the loop, model.gradient_checkpointing_enable(
 #     gradient_checkpointing_kwargs={{"use_reentrant": False, "context_fn": context_fn}})
+# (it also sets model.config.use_cache = False, which the loop needs: a KV cache that grows
+# between a block's forward and its recompute makes the recompute run other ops)
 # Lightning: do the loop above in LightningModule.configure_model (or before trainer.fit)'''

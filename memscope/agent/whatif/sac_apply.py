@@ -68,12 +68,27 @@ def apply(agent: Any, root: Any, technique: str, patch: Callable[..., None], pea
         return checkpoint(functools.partial(orig, module), *args, use_reentrant=False,
                           context_fn=context_fn, **kwargs)
 
+    cache_off = _no_kv_cache(root)
     for b in blocks:
         patch(type(b), "selective_checkpointing", b, wrap)
+    also = f"; {cache_off}.use_cache = False (as gradient_checkpointing_enable sets it)" if cache_off else ""
     agent.event("technique", f"selective_checkpointing: {len(blocks)} {type(blocks[0]).__name__} blocks "
-                             f"{container}[0..{len(blocks) - 1}], saving {', '.join(save) or 'nothing'}",
+                             f"{container}[0..{len(blocks) - 1}], saving {', '.join(save) or 'nothing'}{also}",
                 {"technique": "selective_checkpointing", "applied": True, "container": container,
-                 "blocks": len(blocks), "save": list(save)})
+                 "blocks": len(blocks), "save": list(save), "use_cache_off": bool(cache_off)})
+
+
+def _no_kv_cache(root: Any) -> str:
+    """A transformers model keeps a KV cache in training unless told not to: it grows between a
+    block's forward and its recompute, which then runs other ops (SAC's replay fails: "aten.slice
+    encountered during backward but not found in storage"). Its own gradient_checkpointing_enable
+    turns the cache off; the trial does the same. Returns the config's owner's name, '' if none."""
+    for name, m in root.named_modules():
+        cfg: Any = getattr(m, "config", None)
+        if getattr(cfg, "use_cache", None) is True:
+            cfg.use_cache = False
+            return f"{name or type(root).__name__}.config"
+    return ""
 
 
 def _compiled(root: Any, blocks: list[Any]) -> str:

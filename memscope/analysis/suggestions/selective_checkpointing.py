@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from memscope.analysis import sac_plan
 from memscope.analysis.suggestions.checkpointing import checkpoint_plan
-from memscope.analysis.suggestions.facts import Facts, Suggestion
+from memscope.analysis.suggestions.facts import Facts, Suggestion, transformers_model
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
 
@@ -45,8 +45,18 @@ def selective_checkpointing(reader: RunReader, f: Facts | None) -> list[Suggesti
         f"{human_bytes(p.saved_bytes)} each for backward; keeping only the outputs of {keep} "
         f"keeps {human_bytes(plan.kept_bytes)} and recomputes {plan.recompute_flops_pct:.0f}% of "
         f"the blocks' forward FLOPs (whole-block checkpointing: {whole.recompute_flops_pct:.0f}%){at}",
-        f"wrap each block in torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, "
-        f"context_fn=functools.partial(create_selective_checkpoint_contexts, policy_fn)) with a "
-        f"policy_fn that returns MUST_SAVE for {keep} and PREFER_RECOMPUTE otherwise; "
-        f"`memscope whatif --try selective_checkpointing SCRIPT.py` prints the code and measures it",
+        _how(keep, transformers_model(f.layers) if f is not None else None),
         ck.as_json() if ck is not None else None)]
+
+
+def _how(keep: str, hf: str | None) -> str:
+    policy = (f"a policy_fn that returns MUST_SAVE for {keep} and PREFER_RECOMPUTE otherwise; "
+              "`memscope whatif --try selective_checkpointing SCRIPT.py` prints the code and measures it")
+    context = "context_fn=functools.partial(create_selective_checkpoint_contexts, policy_fn)"
+    if hf:  # blocks wrapped by hand run with the KV cache on, and the recompute replays other ops
+        return (f"call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                f"{{\"use_reentrant\": False, \"context_fn\": {context.split('=', 1)[1]}}})` ({hf} is "
+                "a transformers model: it wraps its blocks and sets config.use_cache = False, which a "
+                f"block wrapped by hand also needs), with {policy}")
+    return (f"wrap each block in torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, "
+            f"{context}) with {policy}")
