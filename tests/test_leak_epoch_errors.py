@@ -38,3 +38,15 @@ def test_every_group_kept_by_the_kept_exceptions_is_stored_at_the_append(tmp_pat
     out_ = by_holder["__main__.errors[*].__traceback__.<frame train_epoch>.out"]
     assert out_["shape"] == [16, 48] and out_["site"].endswith(where), out_
     assert len(leaks) == 4, [lk["held_by"] for lk in leaks]
+
+
+def test_a_retry_does_not_hold_a_new_suspects_site_back_on_a_short_run(tmp_path: Path) -> None:
+    """20 steps: the output's longer second window (its store came before its first one) would
+    hold the helper's `scaled`, a suspect found later, past the run's end; new suspects are armed
+    first, so every group has a site (the output's is its creating line: the run ends first)."""
+    db = tmp_path / "run.db"
+    out = memscope("attach", "--headless", "-q", "--db", str(db), str(SCRIPT), "--steps", "20")
+    assert out.returncode == 0, out.stderr
+    leaks = {lk["held_by"]: lk for lk in report_json(db)["leaks"]}
+    assert len(leaks) == 4 and all(lk["site"] for lk in leaks.values()), leaks
+    assert leaks["__main__.errors[*].__traceback__.<frame check>.scaled"]["site"].endswith(f"epoch_errors.py:{STORE}")

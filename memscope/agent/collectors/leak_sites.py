@@ -190,7 +190,11 @@ class SiteCapture:
         """At a step boundary: start capturing for the pending signatures, unless an arming
         is in progress (they wait for it to end)."""
         if self._phase is None and self._pending:
-            sigs, self._pending = self._pending, set()
+            # signatures never armed first, in the short window: a retry's longer one would hold
+            # a new suspect's site back for its whole length (a short run may end meanwhile)
+            fresh = {s for s in self._pending if not self._tries.get(s)}
+            sigs = fresh or self._pending
+            self._pending = self._pending - sigs
             self.arm(sigs, max(WINDOWS[min(self._tries.get(s, 0), len(WINDOWS) - 1)] for s in sigs))
 
     def arm(self, sigs: set[Signature], steps: int = WINDOWS[0]) -> None:
