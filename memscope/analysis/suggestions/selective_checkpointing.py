@@ -52,11 +52,11 @@ def selective_checkpointing(reader: RunReader, f: Facts | None) -> list[Suggesti
 def _how(keep: str, hf: str | None) -> str:
     policy = (f"a policy_fn that returns MUST_SAVE for {keep} and PREFER_RECOMPUTE otherwise; "
               "`memscope whatif --try selective_checkpointing SCRIPT.py` prints the code and measures it")
-    context = "context_fn=functools.partial(create_selective_checkpoint_contexts, policy_fn)"
+    contexts = "functools.partial(create_selective_checkpoint_contexts, policy_fn)"
     if hf:  # blocks wrapped by hand run with the KV cache on, and the recompute replays other ops
         return (f"call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-                f"{{\"use_reentrant\": False, \"context_fn\": {context.split('=', 1)[1]}}})` ({hf} is "
+                f"{{\"use_reentrant\": False, \"context_fn\": {contexts}}})` ({hf} is "
                 "a transformers model: it wraps its blocks and sets config.use_cache = False, which a "
                 f"block wrapped by hand also needs), with {policy}")
     return (f"wrap each block in torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, "
-            f"{context}) with {policy}")
+            f"context_fn={contexts}) with {policy}")
