@@ -42,7 +42,9 @@ class SuggestionsView(View):
             # a grid, so that wrapped lines stay under the text, not at column 1
             body = Table.grid(padding=(0, 1))
             body.add_column(width=9, style="dim")
-            body.add_column(ratio=1)
+            # a word wider than the column (code: `model.gradient_checkpointing_enable(...`) is
+            # folded onto the next line, never cut with an ellipsis
+            body.add_column(ratio=1, overflow="fold")
             # Text, not str: a rich table parses a str cell as markup (a holder named [/] crashed it)
             body.add_row("evidence", keep_figures(Text(shown_text(s.evidence)), wide - 10))
             body.add_row("change", keep_figures(Text(shown_text(s.how)), wide - 10))
