@@ -310,20 +310,14 @@ def _end_point(window: list[Point]) -> Point:
     return last[(len(last) - 1) // 2]
 
 
-def _end(window: list[Point]) -> tuple[float, float]:
-    """(step, size) where a growth ends (:func:`_end_point`)."""
-    p = _end_point(window)
-    return float(p[0]), float(p[1])
-
-
 def _halves(window: list[Point]) -> tuple[float, float] | None:
     """The growth rates (bytes per step) of the window's first and second half, by steps, from
     its lower envelope (what stays: a drain's dip at the midpoint does not halve a rate) to its
-    end (:func:`_end`); None when there is no point between its ends."""
+    end (:func:`_end_point`); None when there is no point between its ends."""
     a, z = window[0], window[-1]
     mid = (a[0] + z[0]) / 2
     m = max((p for p in window[1:-1] if p[0] <= mid), key=lambda p: p[0], default=window[1])
-    end_step, end = _end(window)
+    end_step, end = _end_point(window)[:2]
     if not a[0] < m[0] < end_step:
         return None
     low_a = min(p[1] for p in window)

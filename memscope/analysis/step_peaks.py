@@ -83,8 +83,14 @@ def from_event(data: Any) -> StepPeaks | None:
     return found if found.peak == data.get("peak_bytes") else None  # a damaged event: not read
 
 
-def of_run(reader: RunReader) -> StepPeaks | None:
-    """The two peaks of the run's highest measured step (its ``tensor_peak`` events)."""
+def top_event(reader: RunReader) -> dict[str, Any]:
+    """The data of the run's highest measured step's ``tensor_peak`` event ({} when none)."""
     peaks = [e["data"] for e in reader.events("tensor_peak")
              if isinstance(e["data"], dict) and isinstance(e["data"].get("peak_bytes"), int)]
-    return from_event(max(peaks, key=lambda d: int(d["peak_bytes"]))) if peaks else None
+    return max(peaks, key=lambda d: int(d["peak_bytes"])) if peaks else {}
+
+
+def of_run(reader: RunReader) -> StepPeaks | None:
+    """The two peaks of the run's highest measured step (its ``tensor_peak`` events)."""
+    top = top_event(reader)
+    return from_event(top) if top else None

@@ -529,6 +529,13 @@ def _keeps(t: Any, traced: Any) -> Any:
     return match
 
 
+def _among_locals(frame: Any, cands: list[_Candidate]) -> list[_Candidate]:
+    """The candidates that are values of the traced frame's local variables now (its own
+    snapshot: written back when the trace call returns, never emptied here)."""
+    values = {id(v) for v in frame.f_locals.values()}
+    return [c for c in cands if id(c.ref()) in values]
+
+
 def _is_exception(exc_id: int) -> Any:
     """A match for the exception of that id, or one chaining to it (``raise X from e``)."""
     def match(x: Any) -> bool:
@@ -698,10 +705,8 @@ class _LineTracer:
 
     def _kept_with_frame(self, frame: Any) -> None:
         """The frame returns, kept by an exception it stored: its locals' values stay."""
-        values = {id(v) for v in frame.f_locals.values()}
-        for c in self.cands:
-            if c.stored is None and id(c.ref()) in values:
-                c.stored = self._frame_store
+        for c in _among_locals(frame, [c for c in self.cands if c.stored is None]):
+            c.stored = self._frame_store
 
     def _note_kept(self, frame: Any) -> None:
         """The frame returns and something still refers to it (more references than the fewest a
@@ -713,12 +718,8 @@ class _LineTracer:
         if rc <= _RETURN_REFS[0]:
             return
         cands = [c for c in self.cands if c.stored is None and not c.frame_kept and c.ref() is not None]
-        if not cands:
-            return
-        values = {id(v) for v in frame.f_locals.values()}
-        for c in cands:
-            if id(c.ref()) in values:
-                c.frame_kept = True
+        for c in _among_locals(frame, cands) if cands else []:
+            c.frame_kept = True
 
     def _raised(self, frame: Any, tb: Any) -> None:
         """An exception passes through the frame: a candidate that is a local variable of one of

@@ -13,7 +13,7 @@ from memscope.analysis.hotspots import layer_rows
 from memscope.analysis.leaks import has_inventories
 from memscope.analysis.oom import ABSURD_REQUEST, demand
 from memscope.analysis.oom_limits import attention_scores
-from memscope.analysis.step_peaks import StepPeaks, from_event
+from memscope.analysis.step_peaks import StepPeaks, from_event, top_event
 from memscope.analysis.summary import RunSummary
 from memscope.store.reader import RunReader
 from memscope.units import human_bytes
@@ -175,9 +175,7 @@ def gather(reader: RunReader, s: RunSummary) -> Facts | None:
                        "output_bytes": int((r["output_bytes"] or 0) * scale)} for r in layers]
     oom_alloc, expandable = _allocator_facts(reader, s)
     world = max([int(p.get("world_size") or 1) for p in s.processes] or [1])
-    peaks = [e["data"] for e in reader.events("tensor_peak")
-             if isinstance(e["data"], dict) and e["data"].get("peak_bytes") is not None]
-    top = max(peaks, key=lambda d: int(d["peak_bytes"])) if peaks else {}
+    top = top_event(reader)
     grads_at_peak = top.get("start_grad_bytes_at_peak")
     tensor_peak = int(top["peak_bytes"]) if top else None
     if tensor_peak is None and not at_failure:
