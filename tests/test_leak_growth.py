@@ -101,6 +101,8 @@ def test_steady_means_no_later_quarter_three_times_another_and_warm_up_may_lead(
     assert steady_growth(_levels([200, 200, 200, 200])) is not None
     assert steady_growth(_levels([600, 200, 200, 200])) is not None
     assert steady_growth(_levels([460, 147, 50, 10])) is None  # warm-up levelling off
+    # a healthy 45-step run under load: within 3x, 78 KiB a step in all, 30 in its second half
+    assert steady_growth(_levels([200, 62, 36, 24], steps_per_quarter=10)) is None
     assert steady_growth(_levels([300, 300, 90, 300])) is None  # a later quarter 3x slower
     assert steady_growth(_levels([60, 200, 200, 200])) is None  # the first 3x slower: it starts late
 
