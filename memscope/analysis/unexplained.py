@@ -10,10 +10,11 @@ them, steadily (the last three quarters' rates within 3x of each other, the firs
 third of theirs: warm-up growth that levels off, or one jump, is not this; the first may be the
 fastest, the allocator warming up on top of a leak), by ``MIN_RATE`` a step (in all and over the
 second half alone) and ``MIN_TOTAL`` in all, and not mostly ``JUMPS`` step-to-step rises (a heap
-growing in a few jumps while it warms up). From that rate, what the inventories saw tensors grow by over the same steps is subtracted
-(four times over on host RSS, for the heap pages a leaked tensor pins); what is left, when it is
-at least ``MIN_RATE`` and half the growth, is growth nothing explains: Python objects piling up
-(lists of dicts, numpy arrays), native buffers, an allocator holding on.
+growing in a few jumps while it warms up). From that rate, what the inventories saw tensors grow
+by over the same steps is subtracted (four times over on host RSS, for the heap pages a leaked
+tensor pins); what is left, when it is at least ``MIN_RATE`` and half the growth, is growth
+nothing explains: Python objects piling up (lists of dicts, numpy arrays), native buffers, an
+allocator holding on.
 """
 
 from __future__ import annotations
