@@ -2,7 +2,10 @@
 
 Pure functions over ``steps`` rows (schema 5: ``end_rss``, ``end_allocated``: memory at the boundary
 that closed each step) and ``inventories`` rows. The level is CUDA allocated bytes when the run
-used CUDA (tensors live there), else host RSS (tensors, Python objects, native buffers).
+used CUDA (tensors live there), else host memory in use at the inventories (schema 13: host RSS
+less the free bytes glibc's malloc keeps in its arenas: tensors, Python objects, native buffers,
+not the heap a healthy run holds on to while it warms up), else host RSS at every step (another
+C library, an older file).
 
 The level's lower envelope (at each step, the lowest level of any later step: what the process
 never gives back) over at least ``MIN_STEPS`` steps after warm-up must rise in every quarter of
@@ -49,7 +52,9 @@ RSS_PER_TENSOR_BYTE = 4
 
 @dataclass
 class UnexplainedGrowth:
-    metric: str  # "rss" (host resident memory) or "cuda_allocated"
+    # "host_in_use" (host RSS less the free bytes malloc keeps, at inventories: glibc, schema 13),
+    # "rss" (host resident memory: other C libraries, older files) or "cuda_allocated"
+    metric: str
     bytes_per_step: int  # growth of the level's lower envelope
     explained_bytes_per_step: int  # what tensor inventories saw grow over the same steps
     first_step: int
@@ -58,12 +63,13 @@ class UnexplainedGrowth:
     @property
     def label(self) -> str:
         """What grew, in words."""
-        return "host RSS" if self.metric == "rss" else "CUDA allocated memory"
+        return {"rss": "host RSS", "host_in_use": "host memory in use"}.get(self.metric, "CUDA allocated memory")
 
     @property
     def tensor_factor(self) -> int:
         """What a tensor byte is charged on this metric: RSS_PER_TENSOR_BYTE on host RSS (an
-        estimate, one measurement), exactly 1 on CUDA."""
+        estimate, one measurement), exactly 1 on CUDA and on host memory in use (the heap pages
+        a leaked tensor pins hold free chunks, which it leaves out)."""
         return RSS_PER_TENSOR_BYTE if self.metric == "rss" else 1
 
     @property
@@ -236,6 +242,32 @@ def _tensor_rate(reader: "RunReader", proc: int, first: int, last: int) -> float
     return float((rows[-1]["size"] - rows[0]["size"]) / (rows[-1]["step"] - rows[0]["step"]))
 
 
+def in_use_series(reader: "RunReader", proc: int) -> list[tuple[int, int]]:
+    """(step, host memory in use) at each inventory after warm-up: the level (host RSS at the
+    boundary) less the free bytes malloc's arenas kept then. [] without those readings (not
+    glibc, a file before schema 13) or on a CUDA run (the level is CUDA bytes there)."""
+    if "heap_free" not in _columns(reader, "inventories"):
+        return []
+    rows = reader.query("SELECT step, level, heap_free FROM inventories WHERE proc = ? AND step >= ?"
+                        " AND level IS NOT NULL AND heap_free IS NOT NULL ORDER BY step", (proc, WARMUP_STEPS))
+    return [(int(r["step"]), int(r["level"]) - int(r["heap_free"])) for r in rows]
+
+
+def _in_use_growth(points: list[tuple[int, int]]) -> tuple[float, int, int] | None:
+    """The rule on host memory in use at the inventories (points far apart late in a run: a
+    rise between two of them is no one-step jump, but a few of them still make no growth)."""
+    found = steady_rise(points)
+    if found is None:
+        return None
+    rate, first, last = found
+    levels = {step: level for step, level in points}
+    span = [p for p in points if first <= p[0] <= last]
+    rises = [b[1] - a[1] for a, b in zip(span, span[1:])]
+    if mostly_jumps(rises, levels[int(last)] - levels[int(first)]):
+        return None
+    return rate, int(first), int(last)
+
+
 def unexplained_growth(reader: "RunReader", proc: int | None,
                        leaks: Sequence["Leak"] = ()) -> UnexplainedGrowth | None:
     """Steady growth of the process's memory that no tensor group accounts for. On host RSS, a
@@ -246,12 +278,18 @@ def unexplained_growth(reader: "RunReader", proc: int | None,
     if proc is None:
         return None
     metric, found = steady_growth_of(reader, proc)
+    points = in_use_series(reader, proc) if metric == "rss" else []
+    if len(points) >= MIN_STEPS:
+        # judged on memory in use: RSS a healthy run's heap keeps free while it warms up (2-4 MiB
+        # over 40 steps under load, malloc's in-use bytes flat) is not growth, and a leak whose
+        # arrays reuse that free memory (RSS flat for steps on end) is
+        metric, found = "host_in_use", _in_use_growth(points)
+    elif found is not None and few_jumps(reader, proc, metric, found[1], found[2]):
+        return None
     if found is None:
         return None
     rate, first, last = found
-    if few_jumps(reader, proc, metric, first, last):
-        return None
-    if metric == "rss" and any(lk.first_step <= last and lk.last_step >= first for lk in leaks):
+    if metric != "cuda_allocated" and any(lk.first_step <= last and lk.last_step >= first for lk in leaks):
         return None
     explained = max(_tensor_rate(reader, proc, first, last), 0.0)
     if not is_unexplained(metric, rate, explained):
@@ -285,8 +323,9 @@ def mostly_jumps(rises: Sequence[int], total: int) -> bool:
 def is_unexplained(metric: str, rate: float, explained: float) -> bool:
     """Whether growth of ``rate`` bytes a step is more than tensors growing by ``explained``
     account for: at least ``MIN_RATE`` and half of it left over, after charging the tensors
-    ``RSS_PER_TENSOR_BYTE`` times their bytes on host RSS (exactly their bytes on CUDA)."""
-    charged = explained * (RSS_PER_TENSOR_BYTE if metric == "rss" else 1)
+    ``RSS_PER_TENSOR_BYTE`` times their bytes on host RSS (exactly their bytes on CUDA and on
+    host memory in use)."""
+    charged = explained * (RSS_PER_TENSOR_BYTE if metric == "rss" else 1)  # exact on memory in use
     left = rate - charged
     return left >= MIN_RATE and left >= UNEXPLAINED_SHARE * rate
 

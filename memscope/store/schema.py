@@ -11,7 +11,7 @@ import functools
 import sqlite3
 import time
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 APPLICATION_ID = 0x4D454D53  # "MEMS": lets a reader tell a run file from any other SQLite file
 
 
@@ -286,9 +286,18 @@ CREATE TABLE side_files (
 """
 
 
+# Version 13 (issue 36, verdicts that do not depend on load): the free bytes malloc keeps, beside
+# what it has handed out: host memory a heap holds on to while it warms up is not growth
+_V13 = """
+-- inventories.heap_free: free bytes in glibc malloc's arenas at the inventory (NULL: not glibc);
+-- level - heap_free is the host memory in use (what growth nothing explains is judged on)
+ALTER TABLE inventories ADD COLUMN heap_free INTEGER;
+"""
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1: SQL scripts, run statement by statement
 # inside one transaction (executescript would commit half-way).
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11, _V12, _V13]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

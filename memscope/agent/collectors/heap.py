@@ -1,6 +1,8 @@
 """The bytes glibc's malloc has handed out and not taken back (``mallinfo2``), read at each
 tensor inventory so the readers can measure what a retained autograd node costs on this run
-(C++ nodes live on the host heap, in CUDA runs too) instead of assuming a size.
+(C++ nodes live on the host heap, in CUDA runs too) instead of assuming a size; and the free
+bytes its arenas keep, so that host memory a healthy run's heap holds on to (fragmentation while
+it warms up) is not taken for growth, nor a leak that reuses them for none.
 
 ``None`` where it cannot be read (not glibc >= 2.33: musl, macOS, Windows)."""
 
@@ -40,6 +42,12 @@ def _mallinfo2() -> Any:
 
 def malloc_in_use() -> int | None:
     """Heap chunks in use plus mmapped chunks: every byte malloc has handed out and not freed."""
+    reading = malloc_reading()
+    return None if reading is None else reading[0]
+
+
+def malloc_reading() -> tuple[int, int] | None:
+    """(bytes in use as :func:`malloc_in_use`, free bytes malloc's arenas keep), one reading."""
     fn = _mallinfo2()
     if fn is None:
         return None
@@ -47,4 +55,4 @@ def malloc_in_use() -> int | None:
         info = fn()
     except Exception:
         return None
-    return int(info.uordblks + info.hblkhd)
+    return int(info.uordblks + info.hblkhd), int(info.fordblks)

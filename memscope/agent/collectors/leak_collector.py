@@ -18,7 +18,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from memscope.agent.collectors.inventory import LiveTensors, Schedule, Suspects, take_inventory
-from memscope.agent.collectors.heap import malloc_in_use
+from memscope.agent.collectors.heap import malloc_reading
 from memscope.agent.collectors.inventory.holders import clear_frame_snapshots
 from memscope.agent.collectors.inventory.hooks import HookWatch, count_hooks, named_modules
 from memscope.agent.collectors.leak_sites import SiteCapture
@@ -107,7 +107,7 @@ class LeakCollector:
             # a tracer's f_locals snapshot on a frame of the loop keeps an old step's batch
             # referenced: it would be counted as a loose tensor of the script's
             clear_frame_snapshots()
-            heap = malloc_in_use()  # before the scan's own objects: what the training holds
+            heap = malloc_reading()  # before the scan's own objects: what the training holds
             inv = take_inventory(self.live, agent.optimizers(), self.suspects.to_search,
                                  graph_saved=agent.graph_saved_ids())
             self.suspects.update(step, inv)
@@ -123,7 +123,7 @@ class LeakCollector:
             "proc": proc, "step": step, "tensors": inv.tensors, "bytes": inv.bytes,
             "graph_bytes": inv.graph_bytes, "graph_nodes": inv.graph_nodes,
             "duration_s": inv.duration_s, "truncated": int(inv.truncated), "full": int(inv.full),
-            "level": level, "heap": heap})
+            "level": level, "heap": heap and heap[0], "heap_free": heap and heap[1]})
         for (cat, dtype, shape, device, rg, fn), g in inv.groups.items():
             agent.insert("inventory_groups", {
                 "proc": proc, "step": step, "category": cat, "dtype": dtype,
