@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, memscope
+from conftest import EXAMPLES, ROOT, SCRIPTS, memscope
 from memscope.analysis.whatif import Measure, compare, estimate_for, measure
 from memscope.cli.whatif import render
 from memscope.store.reader import RunReader
@@ -266,3 +266,22 @@ def test_autocast_trial_on_a_float64_model_says_why_it_is_not_applied(tmp_path: 
     comp = compare("mixed_precision", base, trial, c["estimated_saving_bytes"])
     text = render(script, 3, base.peak_metric, [comp], None, str(tmp_path))
     assert "mixed_precision: not applied: the model's parameters are float64" in text
+
+
+def test_autocast_trial_of_a_gan_casts_both_models_and_feeds_bce_float32(tmp_path: Path) -> None:
+    """pytorch/examples' dcgan's shape (tests/scripts/advice_cases.py gan_bce): the generator runs
+    first, then a discriminator ending in a Sigmoid whose output goes to nn.BCELoss. The trial
+    autocasts both models (it did the generator alone) and computes the loss in float32 from the
+    bfloat16 output, as the advice says (autocast refuses binary_cross_entropy, and a bfloat16
+    input does not match its float32 target: the trial stopped at the first loss)."""
+    script = str(SCRIPTS / "advice_cases.py")
+    out = memscope("whatif", "--json", "--try", "mixed_precision", "--steps", "3", "--db-dir", str(tmp_path),
+                   script, "gan_bce", timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    (c,) = doc["trials"]
+    assert c["status"] == "finished" and c["steps"] == 3, c
+    models = [h for h in c["how"] if h.get("device") == "cpu"]
+    assert len(models) == 2 and all(h["applied"] for h in models), c["how"]
+    assert [h for h in c["how"] if h.get("bce_float")], c["how"]
+    assert c["tensor_peak_saving_bytes"] > 0

@@ -8,6 +8,8 @@
   own address-space limit to what is in use plus 28 MiB before the step: the small layers' state,
   16 MiB, fits; the last, largest layer's, 32 MiB a tensor, does not).
 * ``gan``: a discriminator's and a generator's optimizer each step (pytorch/examples' dcgan).
+* ``gan_bce``: pytorch/examples' dcgan's shape: the generator called first, a discriminator ending in
+  a Sigmoid and ``nn.BCELoss`` (what autocast refuses, and a bfloat16 input cannot take).
 * ``loader``: a DataLoader whose dataset applies a Normalize module (an nn.Module, as torchvision's)
   to each sample before the model sees it, and a warning the script triggers at one line every step.
 """
@@ -70,6 +72,23 @@ elif case == "gan":
         optD.step()
         netG.zero_grad()
         errG = bce(netD(fake), torch.ones(1024, 1))
+        errG.backward()
+        optG.step()
+
+elif case == "gan_bce":
+    netG = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 64))
+    netD = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1), nn.Sigmoid())
+    optD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+    optG = torch.optim.Adam(netG.parameters(), lr=2e-4)
+    bce = nn.BCELoss()
+    for step in range(4):
+        fake = netG(torch.randn(512, 16))
+        netD.zero_grad()
+        errD = bce(netD(torch.randn(512, 64)), torch.ones(512, 1)) + bce(netD(fake.detach()), torch.zeros(512, 1))
+        errD.backward()
+        optD.step()
+        netG.zero_grad()
+        errG = bce(netD(fake), torch.ones(512, 1))
         errG.backward()
         optG.step()
 

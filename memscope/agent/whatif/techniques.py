@@ -11,8 +11,11 @@ the step limit that ends a trial (``--max-steps``), and the ``--simulate-gpu`` c
   tensor per parameter instead of two, what the ``lighter_optimizer`` suggestion proposes for
   each of them.
 * ``mixed_precision``: the root module's forward runs under
-  ``torch.autocast(device_type, dtype=torch.bfloat16)`` (device of its first parameter). A loss
-  computed outside the forward stays as the script has it.
+  ``torch.autocast(device_type, dtype=torch.bfloat16)`` (device of its first parameter), and so
+  does every other model the first two steps call outside it (a GAN's discriminator beside its
+  generator). A loss computed outside the forward stays as the script has it, but for
+  ``binary_cross_entropy`` (``nn.BCELoss``), which gets a bfloat16 input in float32, as the
+  advice tells such a script to do.
 * ``activation_checkpointing``: the forward of each repeated block (the children of the
   ModuleList / Sequential of same-type non-leaf modules with the most parameters, a proxy for
   the most activation bytes: nothing is measured before the first forward) runs under
@@ -155,16 +158,52 @@ def _swap_adam(agent: "CollectorHost") -> None:
 
 
 class _RootWatcher:
-    def __init__(self, agent: Any, techniques: list[str], peak: "TensorPeak | None" = None) -> None:
+    def __init__(self, agent: "CollectorHost", techniques: list[str], peak: "TensorPeak | None" = None) -> None:
         self.agent = agent
         self.peak = peak
         self.techniques = techniques
         self.handle: Any = None
         self.done = False
         self.lock = threading.Lock()
+        self.more: Any = None  # the hook that finds the other models of the step (mixed_precision)
+        self.roots: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
     def install(self) -> None:
         self.handle = _nn_module.register_module_forward_pre_hook(self._pre)
+
+    def _another(self, module: Any, args: Any) -> None:
+        """mixed_precision on every model of the step, not the first alone: a GAN's discriminator
+        runs its own forward beside the generator's (what the advice's autocast around the
+        forward passes covers). A module with parameters called outside autocast under grad
+        mode is another model; inside a model's forward autocast is on already. Watched while
+        the first two steps run (every model of a step is called by then)."""
+        try:
+            if not torch.is_grad_enabled() or module in self.roots:
+                return
+            if self.agent.current_step >= 2:
+                self._stop_more()
+                return
+            param = next(module.parameters(), None)
+            if param is None or torch.is_autocast_enabled(param.device.type if param.device.type in ("cpu", "cuda")
+                                                         else "cpu"):
+                return
+        except Exception:
+            return
+        self.roots.add(module)
+        try:
+            self._mixed_precision(module)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            self.agent.event("technique", f"mixed_precision: not applied to {type(module).__name__}: {why}",
+                             {"technique": "mixed_precision", "applied": False, "why": why})
+
+    def _stop_more(self) -> None:
+        handle, self.more = self.more, None
+        if handle is not None:
+            try:
+                handle.remove()
+            except Exception:
+                pass
 
     def _pre(self, module: Any, args: Any) -> None:
         if self.done or not torch.is_grad_enabled():
@@ -185,7 +224,10 @@ class _RootWatcher:
         for technique in self.techniques:
             try:
                 if technique == "mixed_precision":
+                    self.roots.add(module)
                     self._mixed_precision(module)
+                    _bce_in_float(self.agent)
+                    self.more = _nn_module.register_module_forward_pre_hook(self._another)
                 elif technique in ("selective_checkpointing", "sac_profile"):
                     from memscope.agent.whatif import sac_apply
 
@@ -320,6 +362,36 @@ def longest_sequential(root: Any) -> tuple[str, Any]:
 
 
 _registries: dict[tuple[type, str], "weakref.WeakSet[Any]"] = {}
+
+
+def _bce_in_float(agent: "CollectorHost") -> None:
+    """What the mixed_precision advice tells a script with ``nn.BCELoss`` to do (``output.float()``
+    before the loss, or BCEWithLogitsLoss): a bfloat16 input to binary_cross_entropy is cast to
+    float32, outside autocast (which refuses the op). Without it the trial of pytorch/examples'
+    dcgan stopped at its first loss (the discriminator's Sigmoid output in bfloat16)."""
+    fn = torch.nn.functional
+    orig = fn.binary_cross_entropy
+    if getattr(orig, "_memscope_float", False):
+        return
+
+    said: list[bool] = []
+
+    @functools.wraps(orig)
+    def binary_cross_entropy(input: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(input, torch.Tensor) and input.dtype in (torch.bfloat16, torch.float16):
+            if not said:
+                said.append(True)
+                agent.event("technique", "mixed_precision: binary_cross_entropy (nn.BCELoss) computed in float32 "
+                                         "from a bfloat16 input, as the advice says (output.float())",
+                            {"technique": "mixed_precision", "applied": True, "bce_float": True})
+            device = input.device.type if input.device.type in ("cpu", "cuda") else "cpu"
+            with torch.autocast(device, enabled=False):
+                target = target.float() if isinstance(target, torch.Tensor) and target.is_floating_point() else target
+                return orig(input.float(), target, *args, **kwargs)
+        return orig(input, target, *args, **kwargs)
+
+    binary_cross_entropy._memscope_float = True  # type: ignore[attr-defined]
+    fn.binary_cross_entropy = binary_cross_entropy
 
 
 def _patch_class_forward(cls: type, technique: str, instance: Any,
