@@ -249,7 +249,7 @@ def in_use_series(reader: "RunReader", proc: int) -> list[tuple[int, int]]:
     if "heap_free" not in _columns(reader, "inventories"):
         return []
     rows = reader.query("SELECT step, level, heap_free FROM inventories WHERE proc = ? AND step >= ?"
-                        " AND level IS NOT NULL AND heap_free IS NOT NULL ORDER BY step", (proc, WARMUP_STEPS))
+                        " AND level > 0 AND heap_free IS NOT NULL ORDER BY step", (proc, WARMUP_STEPS))  # 0: RSS unread
     return [(int(r["step"]), int(r["level"]) - int(r["heap_free"])) for r in rows]
 
 
