@@ -63,7 +63,9 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for size, key, name in SCREENS:
         print(asyncio.run(dashboard(size, key, name)).relative_to(ROOT))
-    with tempfile.TemporaryDirectory() as tmp:
+    # chromium's helper processes may still write to the profile as the main one exits: a file
+    # left behind there is no failure of the screenshots
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         page = Path(tmp) / "report.html"
         with RunReader(RUN) as reader:
             page.write_text(render_html(reader), encoding="utf-8")
