@@ -46,6 +46,9 @@ def state() -> dict:
         else sys.gettrace() is None,
         "sys_path": sys.path,
         "memscope_imported": "memscope" in sys.modules,
+        # the inventories' order of kinds names grad_fn classes (a script's own among them)
+        "kinds_remembered": len(getattr(sys.modules.get("memscope.agent.collectors.inventory.scan"),
+                                        "_FIRST_SEEN", ())),
         "main_keys": sorted(k for k in vars(sys.modules["__main__"]) if not k.startswith("__")),
     }
 

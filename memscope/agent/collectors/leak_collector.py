@@ -17,7 +17,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from memscope.agent.collectors.inventory import LiveTensors, Schedule, Suspects, take_inventory
+from memscope.agent.collectors.inventory import LiveTensors, Schedule, Suspects, forget_kinds, take_inventory
 from memscope.agent.collectors.heap import malloc_reading
 from memscope.agent.collectors.inventory.holders import clear_frame_snapshots
 from memscope.agent.collectors.inventory.hooks import HookWatch, count_hooks, named_modules
@@ -75,7 +75,7 @@ class LeakCollector:
             self._sites_start()
 
     def stop(self) -> None:
-        for disarm in (lambda: self.sites.disarm(pending=True), self.hooks.disarm):
+        for disarm in (lambda: self.sites.disarm(pending=True), self.hooks.disarm, forget_kinds):
             try:
                 disarm()
             except Exception:

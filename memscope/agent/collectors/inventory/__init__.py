@@ -14,9 +14,10 @@ One job per module:
 
 from memscope.agent.collectors.inventory.holders import find_holder, find_holders
 from memscope.agent.collectors.inventory.live import LiveTensors
-from memscope.agent.collectors.inventory.scan import Group, Inventory, Signature, signature, take_inventory
+from memscope.agent.collectors.inventory.scan import (Group, Inventory, Signature, forget_kinds, signature,
+                                                      take_inventory)
 from memscope.agent.collectors.inventory.schedule import Schedule
 from memscope.agent.collectors.inventory.suspects import Suspects
 
-__all__ = ["Group", "Inventory", "LiveTensors", "Schedule", "Signature", "Suspects", "find_holder",
+__all__ = ["Group", "Inventory", "LiveTensors", "Schedule", "Signature", "Suspects", "find_holder", "forget_kinds",
            "find_holders", "signature", "take_inventory"]

@@ -313,6 +313,12 @@ _FIRST_SEEN: dict[tuple[Any, ...], int] = {}
 MAX_ORDERED_KINDS = 10_000
 
 
+def forget_kinds() -> None:
+    """At the agent's stop: the order goes (it names grad_fn classes, a script's own Functions'
+    among them, which a detached process should not find memscope still holding)."""
+    _FIRST_SEEN.clear()
+
+
 def _in_first_seen_order(slots: dict[tuple[Any, ...], _Slot]) -> list[_Slot]:
     """The slots with graph roots, kinds met in an earlier inventory first, in that order."""
     kinds = [(raw, sl) for raw, sl in slots.items() if sl.roots]
