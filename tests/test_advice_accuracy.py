@@ -481,14 +481,17 @@ def test_mixed_precision_does_not_halve_a_working_set_beside_other_models(conv_e
     is not known: not halved. Halved, it made 1.88 MiB of a figure of 2.70 MiB here (2.19 of
     2.83 MiB on pytorch/examples), where a profiler count of the same step without memscope
     (the sample, then a batch) measures 0.85 MiB less with both models under autocast, 96 KB
-    more with the discriminator alone (what the trial applies: the first model): below a
-    suggestion's worth either way. Its BCELoss takes no bfloat16 input: the trial fails at
-    step 0 and measures nothing (its RSS once read as a 16.34 MiB saving)."""
+    more with the discriminator alone: below a suggestion's worth either way. The trial puts
+    both models under autocast and feeds its BCELoss the bfloat16 output in float32 (what the
+    advice says such a script needs): it measures 0.94 MiB, within 20% of that count (it failed
+    at step 0 before, and its RSS once read as a 16.34 MiB saving)."""
     (rc, err), doc, facts = conv_examples("dcgan")
-    (trial,) = doc["trials"]
-    assert rc == 1 and "mixed_precision: the trial run failed (exit 1)" in err and "BFloat16" in err, err[-2000:]
-    assert trial["status"] == "failed" and trial["measured_saving_bytes"] is None, trial
-    assert trial["peak_saving_bytes"] is None and trial["within_tolerance"] is None, trial
+    assert rc == 0, err[-2000:]
+    trial = _trial(doc, "mixed_precision")
+    assert len([h for h in trial["how"] if h.get("device")]) == 2 and any(h.get("bce_float") for h in trial["how"])
+    profiled = 0.85 * (1 << 20)  # both models under autocast, counted without memscope
+    assert abs(trial["tensor_peak_saving_bytes"] - profiled) <= 0.2 * profiled, trial
+    assert trial["tensor_peak_saving_bytes"] < MIN_SAVING and not trial["suggested"], trial
     assert facts.peak_phase == "other" and facts.tensor_peak - facts.parameters - facts.gradients \
         - facts.optimizer_state - facts.activations >= MIN_SAVING, facts  # a working set there to halve
     assert trial["estimated_saving_bytes"] is None and "mixed_precision" not in _figures(doc["baseline"]["db"])
@@ -552,13 +555,16 @@ def test_a_plain_runs_figures_stop_at_the_optimizers_peak(conv_examples: Any,
 
 def test_mixed_precision_says_what_bceloss_needs(conv_examples: Any) -> None:
     """A script whose loss is nn.BCELoss (pytorch/examples dcgan's): autocast's bfloat16 output
-    makes its first step fail ("Found dtype Float but expected BFloat16"), for whatif's trial as
-    for a user who follows the advice as it was. The advice says what to change with it:
-    BCEWithLogitsLoss, or BCELoss on ``output.float()``. Here on the mnist shape at batch 24,
-    where the saving is worth suggesting; the same note comes with dcgan's advice wherever its
-    figure is a suggestion's worth."""
+    makes its first step fail ("Found dtype Float but expected BFloat16") for a user who follows
+    the advice as it was. The advice says what to change with it: BCEWithLogitsLoss, or BCELoss
+    on ``output.float()``; whatif's trial does the latter and measures the figure (3.18 MB, the
+    estimate to 0.02%; the trial failed before). Here on the mnist shape at batch 24, where the
+    saving is worth suggesting; the same note comes with dcgan's advice wherever its figure is a
+    suggestion's worth."""
     (rc, err), doc, _ = conv_examples("mnist", "24", "adadelta", "1", "bce")
-    assert rc == 1 and "mixed_precision: the trial run failed (exit 1)" in err and "BFloat16" in err, err[-2000:]
+    assert rc == 0, err[-2000:]
+    trial = _trial(doc, "mixed_precision")
+    assert any(h.get("bce_float") for h in trial["how"]) and trial["suggested"] and trial["within_tolerance"], trial
     how = _figures(doc["baseline"]["db"])["mixed_precision"].how
     assert "nn.BCEWithLogitsLoss" in how and "`output.float()`" in how, how
     plain = _figures(conv_examples("mnist", "24")[1]["baseline"]["db"])["mixed_precision"].how
