@@ -564,7 +564,8 @@ def test_mixed_precision_says_what_bceloss_needs(conv_examples: Any) -> None:
     (rc, err), doc, _ = conv_examples("mnist", "24", "adadelta", "1", "bce")
     assert rc == 0, err[-2000:]
     trial = _trial(doc, "mixed_precision")
-    assert any(h.get("bce_float") for h in trial["how"]) and trial["suggested"] and trial["within_tolerance"], trial
+    assert any(h.get("bce_float") for h in trial["how"]) and trial["suggested"], trial
+    assert abs(trial["estimate_error"]) <= 0.005, trial  # 0.02% measured: both count tensors exactly
     how = _figures(doc["baseline"]["db"])["mixed_precision"].how
     assert "nn.BCEWithLogitsLoss" in how and "`output.float()`" in how, how
     plain = _figures(conv_examples("mnist", "24")[1]["baseline"]["db"])["mixed_precision"].how
