@@ -168,20 +168,27 @@ def _tracer(pid: int) -> int:
 
 
 def _queued_texts(pid: int) -> list[bytes]:
-    """The first bytes of every mapping of the bootstrap's size holding a queued line."""
-    from memscope.node.debuggers import PAGE
-
+    """The first bytes of every page holding a queued line: the bootstrap's mmap is anonymous
+    and read-write, and the kernel merges it with an adjacent mapping of the same kind (the
+    interrupted attach's page, when it got that far: one 32 KiB mapping, which a search for
+    mappings of the bootstrap's size missed under load), so every page of such mappings is
+    looked at."""
     found = []
+    step = os.sysconf("SC_PAGE_SIZE")
     with open(f"/proc/{pid}/mem", "rb") as mem:
         for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-            span, perms = line.split()[:2]
-            lo, hi = (int(x, 16) for x in span.split("-"))
-            if hi - lo != PAGE or not perms.startswith("rw"):
-                continue
-            mem.seek(lo)
-            head = mem.read(5)
-            if head[1:] == b"xec(":
-                found.append(head)
+            fields = line.split()
+            if len(fields) > 5 or not fields[1].startswith("rw"):
+                continue  # a file's mapping, or the stack and heap's named ones
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            for at in range(lo, hi, step):
+                mem.seek(at)
+                try:
+                    head = mem.read(5)
+                except OSError:
+                    continue
+                if head[1:] == b"xec(":
+                    found.append(head)
     return found
 
 
