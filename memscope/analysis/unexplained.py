@@ -163,6 +163,18 @@ def quarter_cuts(n: int) -> list[int]:
     return [(i * (n - 1)) // QUARTERS for i in range(QUARTERS + 1)]
 
 
+def level_metric(reader: "RunReader", proc: int) -> str:
+    """``"cuda_allocated"`` when the run's step boundaries read CUDA allocated bytes, else
+    ``"rss"`` (one row looked at)."""
+    if "end_rss" not in _columns(reader, "steps"):
+        return "rss"  # a run file from before schema 5
+    from memscope.store.step_stats import scan_source
+
+    cuda = reader.scalar(f"SELECT count(*) FROM (SELECT 1 FROM {scan_source(reader, 'steps')} WHERE proc = ?"
+                         " AND status = 'ok' AND end_allocated IS NOT NULL LIMIT 1)", (proc,))
+    return "cuda_allocated" if cuda else "rss"
+
+
 def steady_growth_of(reader: "RunReader", proc: int) -> tuple[str, tuple[float, int, int] | None]:
     """(metric, :func:`steady_growth` of :func:`level_series`), computed by SQLite: a count,
     then one pass that keeps the lower envelope at the quarter cuts only (a million steps are
@@ -173,9 +185,8 @@ def steady_growth_of(reader: "RunReader", proc: int) -> tuple[str, tuple[float, 
     from memscope.store.step_stats import scan_source
 
     src = scan_source(reader, "steps")
-    cuda = reader.scalar(f"SELECT count(*) FROM (SELECT 1 FROM {src} WHERE proc = ? AND status = 'ok'"
-                         " AND end_allocated IS NOT NULL LIMIT 1)", (proc,))
-    metric, column = ("cuda_allocated", "end_allocated") if cuda else ("rss", "end_rss")
+    metric = level_metric(reader, proc)
+    column = "end_allocated" if metric == "cuda_allocated" else "end_rss"
     where = f"proc = ? AND status = 'ok' AND {column} IS NOT NULL AND step >= ?"
     n, first, last = next(reader.rows(f"SELECT count(*), min(step), max(step) FROM {src} WHERE {where}",
                                       (proc, WARMUP_STEPS)))
@@ -277,15 +288,17 @@ def unexplained_growth(reader: "RunReader", proc: int | None,
     report; growth beyond it shows once it is fixed)."""
     if proc is None:
         return None
-    metric, found = steady_growth_of(reader, proc)
-    points = in_use_series(reader, proc) if metric == "rss" else []
+    points = in_use_series(reader, proc) if level_metric(reader, proc) == "rss" else []
     if len(points) >= MIN_STEPS:
         # judged on memory in use: RSS a healthy run's heap keeps free while it warms up (2-4 MiB
         # over 40 steps under load, malloc's in-use bytes flat) is not growth, and a leak whose
-        # arrays reuse that free memory (RSS flat for steps on end) is
+        # arrays reuse that free memory (RSS flat for steps on end) is; the pass over every
+        # step's level is not made
         metric, found = "host_in_use", _in_use_growth(points)
-    elif found is not None and few_jumps(reader, proc, metric, found[1], found[2]):
-        return None
+    else:
+        metric, found = steady_growth_of(reader, proc)
+        if found is not None and few_jumps(reader, proc, metric, found[1], found[2]):
+            return None
     if found is None:
         return None
     rate, first, last = found
