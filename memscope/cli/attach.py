@@ -337,14 +337,14 @@ def main(argv: Sequence[str]) -> int:
         compact(db)  # the dashboard held the file open until now, or the disk was full
 
     try:
-        from memscope.analysis.summary import summarize
+        from memscope.analysis.summary import headline
         from memscope.report.text import render_headless
         from memscope.store.reader import RunReader
 
         with RunReader(db) as reader:
             for line in agent_notices(reader):
                 print(safe_lines(line), file=sys.stderr)
-            summary = summarize(reader)
+            summary = headline(reader)
         if not recorded:  # the file still says running: it is this process's word that counts
             summary.status = f"{child.run_status} (not in the run file)"
         say_summary(render_headless(summary))

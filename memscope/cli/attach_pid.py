@@ -94,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         say(f"memscope: {said}")
     try:
-        from memscope.analysis.summary import summarize
+        from memscope.analysis.summary import headline
         from memscope.report.text import render_headless
         from memscope.store.reader import RunReader
 
         from memscope.cli.attach import say_summary
 
         with RunReader(db) as reader:
-            say_summary(render_headless(summarize(reader)))
+            say_summary(render_headless(headline(reader)))
     except Exception as exc:  # noqa: BLE001 - the recording is in the file whatever the summary does
         print(safe_lines(f"memscope: warning: cannot summarise the run: {' '.join(str(exc).split())}"),
               file=sys.stderr)

@@ -10,7 +10,7 @@ from memscope.analysis.hotspots import Hotspot, compiled_note, micro_batch_note
 from memscope.analysis.leaks import describe
 from memscope.analysis.ranks import RankSummary, heaviest, imbalance, lightest
 from memscope.analysis.suggestions import Suggestion, suggest_for
-from memscope.analysis.summary import RunSummary
+from memscope.analysis.summary import Headline, RunSummary
 from memscope.display import shown, shown_text
 from memscope.report.format import breakdown_source, clock, command_hint
 from memscope.units import human_bytes
@@ -213,7 +213,7 @@ def render_hotspots(spots: list[Hotspot], with_details: bool = True, indent: str
     return "\n".join(out)
 
 
-def render_headless(s: RunSummary) -> str:
+def render_headless(s: Headline | RunSummary) -> str:
     peak = human_bytes(s.peak.bytes) if s.peak.bytes is not None else "-"
     step = f" at step {s.peak.step}" if s.peak.step is not None else ""
     line = (f"memscope: {shown_text(s.path)} · {s.steps} steps · peak {peak} "
