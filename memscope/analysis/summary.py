@@ -158,6 +158,10 @@ class _Basics:
         main_stats = self.stats.get(self.main["id"])
         return (main_stats.ok if main_stats else 0) + self.folded.get(self.main["id"], 0)
 
+    @property
+    def dropped(self) -> int:
+        return sum(p["dropped"] or 0 for p in self.procs)
+
 
 def _basics(reader: RunReader) -> _Basics:
     run = reader.run() or {"command": [], "status": "unknown", "exit_code": None,
@@ -187,7 +191,7 @@ def headline(reader: RunReader) -> Headline:
     at 3,000 steps, more on a long run), spent while the user waits for the exit status."""
     b = _basics(reader)
     return Headline(path=reader.path, steps=b.steps, status=b.run["status"], peak=b.peak,
-                    dropped=sum(p["dropped"] or 0 for p in b.procs), recording=recording_notes(reader, b.run))
+                    dropped=b.dropped, recording=recording_notes(reader, b.run))
 
 
 def summarize(reader: RunReader) -> RunSummary:
@@ -229,7 +233,7 @@ def summarize(reader: RunReader) -> RunSummary:
         torch=main["torch"] if main else None,
         steps=b.steps,
         samples=reader.sample_count(),
-        dropped=sum(p["dropped"] or 0 for p in procs),
+        dropped=b.dropped,
         started=run["started"],
         ended=run["ended"],
         step_mode=main["step_mode"] if main else None,
