@@ -123,6 +123,9 @@ HEALTHY: dict[str, Size] = {
     # queue.Queue(maxsize=8) its consumer drains slower than the loop fills it: full by step 16,
     # then one item taken and one put (put() waits: back-pressure)
     "a bounded queue at its bound": lambda s: 4096 * (min(s // 2, 8) - (s > 16 and s % 3 == 0)),
+    # the same queue as its consumer thread is scheduled: 7 items at most steps' end, 8 at some
+    # (its first 8 well after it filled: a new high, one item above what it kept)
+    "a bounded queue that reaches its bound now and then": lambda s: 4096 * (min(s // 2, 7) + (s > 32 and s % 16 == 1)),
 }
 
 
@@ -133,7 +136,7 @@ def test_no_false_leak_at_the_end(name: str, length: int) -> None:
     v = verdicts(steps, HEALTHY[name])
     bound = {"warm-up that then stays": 40, "a bounded deque (maxlen 100)": 100,
              "a cache that fills to 500 entries": 500, "a queue its consumer keeps up with": 40,
-             "a bounded queue at its bound": 16}.get(name)
+             "a bounded queue at its bound": 16, "a bounded queue that reaches its bound now and then": 16}.get(name)
     if bound is not None and length > 3 * bound:
         assert not v[-1], f"{name} reported at the end of {length} steps"
         # growth that stopped is withdrawn soon after it stopped (a few inventories)
@@ -144,6 +147,29 @@ def test_no_false_leak_at_the_end(name: str, length: int) -> None:
         cleared = {"fill-and-clear every 16": 16, "fill-and-clear every 100": 100}.get(name, 0)
         wrong = [s for s, x in zip(steps, v) if x and s >= cleared]
         assert wrong == [], f"{name}: reported at steps {wrong[:5]}"
+
+
+@pytest.mark.parametrize("length", LENGTHS[1:])
+def test_a_queue_at_its_bound_is_withdrawn_when_it_stopped(length: int) -> None:
+    """A bounded queue that filled by step 14 and then holds 7 items at a step's end, 8 now and
+    then (its consumer thread as the scheduler runs it): its first 8 comes late, a new high one
+    item above the level it kept. The growth stopped at step 14: no verdict from a few
+    inventories later on, whenever the first 8 comes."""
+    name = "a bounded queue that reaches its bound now and then"
+    steps = schedule_steps(length)
+    late = [s for s, x in zip(steps, verdicts(steps, HEALTHY[name])) if x and s > 20]
+    assert late == [], late[:5]
+
+
+def test_a_real_queue_at_its_bound() -> None:
+    """The series CI's run of test_real_leaks' patched queue (queue.Queue(maxsize=8), 384-byte
+    items) recorded under load: one 8 at step 33 made it a leak of 72 B/step from step 3."""
+    counts = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6] + [7] * 18 + [8, 7, 7, 7]
+    steps = list(range(32)) + [33, 35, 37, 39]
+    assert growth([(s, 384 * c, c) for s, c in zip(steps, counts)]) is None
+    # the same series still growing by one item every other step is one
+    grown = [(s, 384 * (s // 2), s // 2) for s in steps]
+    assert growth(grown) is not None and growth(grown).bytes_per_step == 192
 
 
 def test_slow_leak_of_4_kib_a_step_over_2000_steps() -> None:

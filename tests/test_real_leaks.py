@@ -181,13 +181,13 @@ def test_diff_patches_each_class(linear: Run, hooks: Run) -> None:
 
 
 def test_whatif_fix_leak_patches_and_reruns_each_class(tmp_path: Path) -> None:
-    """The patches applied to a copy, rerun for 56 steps: every patched leak and the hooks' growth
-    are gone. The bounded queue fills at step 16, then holds 7 or 8 items at a step's end as the
-    logger thread is scheduled; its growth is withdrawn once it has stayed there for twice as long
-    as it grew (over 3x16 steps, as test_leak_verdict_series' bounded queue: 40 steps were too few,
-    and a loaded machine's scheduling made it a leak in CI)."""
+    """The patches applied to a copy, rerun for 56 steps (the script's own ``--steps`` too: its
+    default is 40): every patched leak and the hooks' growth are gone. The bounded queue fills by
+    step 14, then holds 7 or 8 items at a step's end as the logger thread is scheduled; a first 8
+    long after it filled (a loaded machine's scheduling) once made it a leak in CI
+    (test_leak_verdict_series' test_a_real_queue_at_its_bound)."""
     out = memscope("whatif", "--try", "fix_leak", "--steps", "56", "--db-dir", str(tmp_path), "--json", str(SCRIPT),
-                   "--leak", "traceback,cache,queue,hooks", timeout=300)
+                   "--leak", "traceback,cache,queue,hooks", "--steps", "56", timeout=300)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)["fix_leak"]
     patched = {p["held_by"].split("<")[0].split("[")[0]: p for p in doc["patches"] if p["patched"]}

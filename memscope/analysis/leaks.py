@@ -239,6 +239,8 @@ def _rising(pts: list[Point]) -> Growth | None:
     drained = all(q[1] < p[1] for p, q in zip(pts[rises[-1]:], pts[rises[-1] + 1:]))
     if len(pts) - 1 - rises[-1] >= 2 and tail > max(gaps[first:], default=1) and not drained:
         return None
+    if _at_its_bound(pts, rises[first:]):
+        return None
     if not _steady(window) or not _through_drains(window):
         return None
     # the rate: what it kept from its first rise to its last inventory, every part (tensors,
@@ -258,6 +260,22 @@ def _rising(pts: list[Point]) -> Growth | None:
     flat = len(window) - 1 - (len(rises) - first)
     g.every = float(statistics.median(gaps[first:])) if gaps[first:] and flat > len(window) // 2 else 1.0
     return g
+
+
+def _at_its_bound(pts: list[Point], rises: list[int]) -> bool:
+    """Filled, then jittering at a bound: a bounded queue its consumer thread takes from as the
+    scheduler lets it (7 items at most steps' end, 8 at some). Its rises since the last one it
+    kept (the level never fell back to where it was before it) were all undone, none went more
+    than one kept rise above the level kept, and the level has been kept for two or more
+    inventories over more steps than any spacing of the kept rises: it stopped there."""
+    kept = [i for i in rises if min(p[1] for p in pts[i:]) > pts[i - 1][1]]
+    if not kept or kept[-1] == rises[-1]:
+        return False  # growing still, or the last rise is the stop rule's to judge
+    k = kept[-1]
+    since = [p[1] for p in pts[k:]]
+    step_up = max(pts[i][1] - pts[i - 1][1] for i in kept)
+    spacing = max((pts[b][0] - pts[a][0] for a, b in zip(kept, kept[1:])), default=1)
+    return len(since) >= 3 and pts[-1][0] - pts[k][0] > spacing and max(since) <= min(since) + step_up
 
 
 def _outgrown(window: list[Point]) -> bool:

@@ -64,4 +64,6 @@ async def test_growth_nothing_explains_shows(growing_run: Path) -> None:
     assert s.unexplained is not None and not s.leaks
     text = await verdicts(growing_run)
     assert f"no leaks in {s.leak_check.inventories} inventories" in text
-    assert "GROWTH" in text and "no tensor group explains" in text
+    # the panel wraps at its width: where depends on the rate's digits (266.23 wrapped in CI)
+    flat = " ".join(text.split())
+    assert "GROWTH" in flat and "no tensor group explains" in flat
