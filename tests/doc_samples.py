@@ -96,6 +96,8 @@ GROUPS: dict[str, list[str | Shared]] = {
 # The numbers that differ between two runs of the same command, masked before comparing. Each
 # pattern is narrow: a byte count, a step or a verdict elsewhere on the line still has to match.
 VOLATILE: list[tuple[str, re.Pattern[str]]] = [
+    # a temporary directory's name: first, whole (a random name ending in "8s" is no duration)
+    ("TMP", re.compile(r"/tmp/[\w.-]+")),
     # when the run happened
     ("DATE", re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?")),
     # wall time: any duration, step time or rate in time units
@@ -129,8 +131,6 @@ VOLATILE: list[tuple[str, re.Pattern[str]]] = [
     # ... and on host memory in use: the arrays' 256 KiB a step and the interpreter's allocations
     # around them, 260-268 KiB a step from run to run (test_leak_growth checks the range)
     ("IN-USE", re.compile(r"(?<=^GROWTH host memory in use )[-+][\d.]+ [KMGT]?i?B")),
-    # a temporary directory's name
-    ("TMP", re.compile(r"/tmp/[\w.-]+")),
     # whether the profiled step is the host RSS peak's step: the RSS peak of a short run lands on
     # step 1 or 2 depending on the machine's load (the breakdown is the profiled step's either way)
     ("BREAKDOWN-STEP", re.compile(r"\(measured at (?:profiled )?step \d+, (?:the peak's step|not at the peak's step "
