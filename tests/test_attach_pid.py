@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, SCRIPTS, memscope, report_json
+from memscope.node.target import open_run_files
 
 TARGET = SCRIPTS / "attach_target.py"
 STEPS = 3000  # at 10 ms a step while attaches happen; then fast (--fast-file)
@@ -87,10 +88,23 @@ def _steps(db: Path) -> int:
         return 0
 
 
-def _wait_steps(db: Path, n: int, timeout: float = 120) -> None:
+def _wait_steps(db: Path, n: int, attach: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until the run file has ``n`` steps; the attach command's own words if it ended first, or
+    when it did not get there in time (stopped by SIGINT, as a user would)."""
     until = time.time() + timeout
     while _steps(db) < n:
-        assert time.time() < until, f"{db}: fewer than {n} steps after {timeout} s"
+        if attach.poll() is not None:
+            raise AssertionError(f"attach ended (rc {attach.returncode}) before {n} steps: "
+                                 f"{attach.communicate()}")
+        if time.time() >= until:
+            attach.send_signal(signal.SIGINT)
+            try:
+                said = attach.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                attach.kill()
+                said = attach.communicate()
+            raise AssertionError(f"{db}: fewer than {n} steps after {timeout} s "
+                                 f"(exists: {db.exists()}); attach said {said}")
         time.sleep(0.1)
 
 
@@ -144,10 +158,11 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             os.kill(pid, signal.SIGCONT)
         # 1: default options, detached by `memscope detach PID`
         first = _attach("--pid", str(pid), "--headless", "--db", str(tmp / "a.db"))
-        _wait_steps(tmp / "a.db", 40)
+        _wait_steps(tmp / "a.db", 40, first)
         out["already"] = memscope("attach", "--pid", str(pid), "--db", str(tmp / "x.db"))
         page = _events(tmp / "a.db", "attach_injected")
         out["detach"] = memscope("detach", str(pid))
+        out["held"] = {"detach": open_run_files(pid)}  # the moment each way's command returns
         out["first"] = first.communicate(timeout=120)
         out["first_rc"] = first.returncode
         time.sleep(1.0)  # the agent gives its pages back on its next turn; after a detach, none come
@@ -156,12 +171,14 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         second = memscope("attach", "--pid", str(pid), "--headless", "--db", str(tmp / "b.db"),
                           "--max-steps", "15")
         out["second"] = second
+        out["held"]["--max-steps"] = open_run_files(pid)
         # 3: ended by ^C to the attach command
         third = _attach("--pid", str(pid), "--headless", "--db", str(tmp / "c.db"))
-        _wait_steps(tmp / "c.db", 10)
+        _wait_steps(tmp / "c.db", 10, third)
         third.send_signal(signal.SIGINT)
         out["third"] = third.communicate(timeout=120)
         out["third_rc"] = third.returncode
+        out["held"]["^C"] = open_run_files(pid)
         fast.touch()
         target.wait_line_prefix("STATE ")
         # 4: attached when it runs out of memory and dies of it
@@ -230,6 +247,9 @@ def test_each_way_of_detaching(scenario: dict[str, Any]) -> None:
     assert scenario["detach"].returncode == 0 and "detached from pid" in scenario["detach"].stderr
     assert scenario["second"].returncode == 0, scenario["second"].stderr
     assert scenario["third_rc"] == 0, scenario["third"][1]
+    # each way's command returns once the target has closed the run file (the agent's last
+    # reads of it too), so that an attach right after it is not refused as already recorded
+    assert scenario["held"] == {"detach": [], "--max-steps": [], "^C": []}
     assert _steps(tmp / "b.db") == 15
     for name in ("a.db", "b.db", "c.db"):  # step 0 begins at the first boundary after the attach
         conn = sqlite3.connect(tmp / name)

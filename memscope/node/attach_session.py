@@ -11,7 +11,8 @@
    left running, untouched but for that comment) and the run file removed.
 5. Recording: until the target ends, --duration elapses, --max-steps steps are recorded (the
    agent counts them), ``memscope detach`` or ^C; a detach is asked through the run file
-   (an event the agent polls), and the process row's status says when it is done.
+   (an event the agent polls), and the process row's status says when it is done; the command
+   says so once the target has closed the run file too (an attach right after is not refused).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from memscope.store.runs import add_event, discard_run, finish_run, new_run
 EVENT_DETACH_REQUEST = "detach_requested"  # the agent's side: memscope.agent.runtime.attached
 GRACE_S = 5.0  # after the deadline: a bootstrap that started just before it still shows up
 DETACH_TIMEOUT_S = 75.0  # the agent's longest wait for a step boundary (60 s), and some
+RELEASE_TIMEOUT_S = 10.0  # after the row says detached: the agent's last close of the run file
 
 
 class AttachError(Exception):
@@ -229,6 +231,7 @@ def watch(session: Session, duration: float | None, interrupted: Callable[[], in
     while True:
         state = status(session.db, session.target.pid)
         if state == "detached":
+            released(session.target.pid, session.db)
             return "detached"
         if state in ("stopped", "lost") or not alive(session.target):
             return "exited"
@@ -284,10 +287,35 @@ def detach_pid(pid: int, timeout: float = DETACH_TIMEOUT_S) -> str:
     while time.monotonic() < until:
         state = status(db, pid)
         if state != "running":
+            released(pid, db)
             return db
         time.sleep(0.1)
     raise AttachError(f"pid {pid} did not detach within {timeout:.0f} s (no step boundary, and memscope's "
                       "own thread could not run?)")
+
+
+def released(pid: int, db: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:
+    """Wait until ``pid`` no longer holds ``db`` open (its agent writes the detached row, then
+    closes what it read the file with): a detach is done when the target keeps nothing of
+    memscope's, so that an attach right after it is not refused as already recorded. False if
+    it still did after ``timeout`` (it closes it at its next turn; that attach would be refused)."""
+    try:
+        mine = os.stat(db)
+    except OSError:
+        return True
+    until = time.monotonic() + timeout
+    while True:
+        held = False
+        for path in open_run_files(pid):
+            try:
+                held = held or os.path.samestat(os.stat(path), mine)
+            except OSError:
+                continue
+        if not held or not os.path.isdir(f"/proc/{pid}"):
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.05)
 
 
 def interrupt_counter() -> Callable[[], int]:

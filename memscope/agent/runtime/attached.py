@@ -66,6 +66,7 @@ class Attachment:
         self.detached = threading.Event()
         self._watch: SupervisorWatch | None = None
         self._conn: sqlite3.Connection | None = None
+        self._conn_lock = threading.Lock()  # memscope's thread reads through it; a detach closes it
         self._unmapped = False  # the debugger's page, given back once the command said where it is
 
     # -- start ---------------------------------------------------------------------------------
@@ -136,13 +137,19 @@ class Attachment:
         return DETACH_HARD_S if busy else DETACH_WAIT_S
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> Any:
-        try:
-            if self._conn is None:
-                self._conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=0.2,
-                                             check_same_thread=False)
-            return self._conn.execute(sql, params).fetchone()
-        except sqlite3.Error:
-            return None  # locked for a moment, or gone: the supervisor watch covers the latter
+        with self._conn_lock:
+            try:
+                if self.detached.is_set():
+                    return None  # a detached agent holds nothing of the run file
+                if self._conn is None:
+                    self._conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=0.2,
+                                                 check_same_thread=False)
+                return self._conn.execute(sql, params).fetchone()
+            except sqlite3.Error:
+                return None  # locked for a moment, or gone: the supervisor watch covers the latter
+            finally:
+                if self.detached.is_set():  # a detach during the query left the close to us
+                    self._drop_conn()
 
     def _requested(self) -> str | None:
         row = self._query("SELECT message FROM events WHERE kind = ? AND t >= ? LIMIT 1",
@@ -164,7 +171,17 @@ class Attachment:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def _close_conn(self) -> None:
+    def _close_conn(self, wait: bool = True) -> None:
+        """Close the run file's read connection; ``wait=False`` (the training thread) never
+        waits for a query of memscope's thread: that query closes it (:meth:`_query`)."""
+        if not self._conn_lock.acquire(blocking=wait):
+            return
+        try:
+            self._drop_conn()
+        finally:
+            self._conn_lock.release()
+
+    def _drop_conn(self) -> None:
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -191,6 +208,9 @@ class Attachment:
             if self.detached.is_set():
                 return
             self.detached.set()
+        # before the process row says detached (agent.stop): the command waits until the file
+        # is closed, and would otherwise wait for memscope's thread's next poll
+        self._close_conn(wait=False)
         agent = self.agent
         try:
             agent.event("detached", f"memscope detached: {self.reason}; the training goes on",
