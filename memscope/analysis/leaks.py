@@ -26,6 +26,7 @@ has fewer: "no leaks" is never said without having looked).
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from dataclasses import dataclass
@@ -268,14 +269,15 @@ def _at_its_bound(pts: list[Point], rises: list[int]) -> bool:
     kept (the level never fell back to where it was before it) were all undone, none went more
     than one kept rise above the level kept, and the level has been kept for two or more
     inventories over more steps than any spacing of the kept rises: it stopped there."""
-    kept = [i for i in rises if min(p[1] for p in pts[i:]) > pts[i - 1][1]]
+    floor = list(itertools.accumulate((p[1] for p in reversed(pts)), min))[::-1]  # the least from each on
+    kept = [i for i in rises if floor[i] > pts[i - 1][1]]
     if not kept or kept[-1] == rises[-1]:
         return False  # growing still, or the last rise is the stop rule's to judge
     k = kept[-1]
-    since = [p[1] for p in pts[k:]]
     step_up = max(pts[i][1] - pts[i - 1][1] for i in kept)
     spacing = max((pts[b][0] - pts[a][0] for a, b in zip(kept, kept[1:])), default=1)
-    return len(since) >= 3 and pts[-1][0] - pts[k][0] > spacing and max(since) <= min(since) + step_up
+    return (len(pts) - k >= 3 and pts[-1][0] - pts[k][0] > spacing
+            and max(p[1] for p in pts[k:]) <= floor[k] + step_up)
 
 
 def _outgrown(window: list[Point]) -> bool:

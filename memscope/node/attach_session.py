@@ -295,23 +295,24 @@ def detach_pid(pid: int, timeout: float = DETACH_TIMEOUT_S) -> str:
 
 
 def released(pid: int, db: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:
-    """Wait until ``pid`` no longer holds ``db`` open (its agent writes the detached row, then
-    closes what it read the file with): a detach is done when the target keeps nothing of
-    memscope's, so that an attach right after it is not refused as already recorded. False if
-    it still did after ``timeout`` (it closes it at its next turn; that attach would be refused)."""
+    """Wait until ``pid`` no longer holds ``db`` open: a detach is done when the target keeps
+    nothing of memscope's, so that an attach right after it is not refused as already recorded
+    (the agent closes its reads of the file before its row says detached; this makes sure).
+    False if it still did after ``timeout`` (that attach would be refused)."""
     try:
         mine = os.stat(db)
     except OSError:
         return True
+
+    def same(path: str) -> bool:
+        try:
+            return os.path.samestat(os.stat(path), mine)
+        except OSError:
+            return False
+
     until = time.monotonic() + timeout
     while True:
-        held = False
-        for path in open_run_files(pid):
-            try:
-                held = held or os.path.samestat(os.stat(path), mine)
-            except OSError:
-                continue
-        if not held or not os.path.isdir(f"/proc/{pid}"):
+        if not any(same(path) for path in open_run_files(pid)) or not os.path.isdir(f"/proc/{pid}"):
             return True
         if time.monotonic() >= until:
             return False
